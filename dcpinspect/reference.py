@@ -1,0 +1,226 @@
+"""The generated protocol reference: every opcode's layout, straight from the table.
+
+``reference_rows()`` gives one plain dict per (command, role, variant, field)
+with its section, offset and size; ``reference_markdown()`` renders them as
+the ``REFERENCE.md`` shipped with the project (a test keeps that file current);
+``dcpinspect.tables.reference_frame()`` is the same rows as a DataFrame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from . import spec
+from .fields import ENUM, FLAGS, Field, Group, Variant
+from .spec_upr import UPR_BODIES, UPR_HEADER, UPR_OPCODES
+
+__all__ = ["reference_markdown", "reference_rows"]
+
+
+def _names(f: Field) -> str:
+    if f.names is None or f.kind not in (ENUM, FLAGS):
+        return ""
+    if f.names is spec.STATUS or f.names is spec.FEATURES:
+        return "see table"
+    fmt = "0x{:x}" if f.kind == FLAGS else "{}"
+    return ", ".join(f"{fmt.format(k)} {v}" for k, v in f.names.items())
+
+
+def _section_rows(section: str, fields: tuple[Field | Group, ...], start: int | str) -> Iterator[dict[str, Any]]:
+    off: int | str = start
+    for f in fields:
+        if isinstance(f, Group):
+            for g in f.fields:
+                yield {
+                    "section": section,
+                    "field": f"{f.name}[].{g.name}",
+                    "label": g.label,
+                    "offset": f"+{_group_off(f, g)} (repeated)",
+                    "size": g.size,
+                    "kind": g.kind,
+                    "values": _names(g),
+                    "doc": f.doc,
+                }
+            off = "..."
+            continue
+        yield {
+            "section": section,
+            "field": f.name,
+            "label": f.label,
+            "offset": off,
+            "size": f.size if f.size is not None else "rest",
+            "kind": f.kind,
+            "values": _names(f),
+            "doc": f.doc,
+        }
+        off = off + f.size if isinstance(off, int) and f.size is not None else "..."
+
+
+def _group_off(g: Group, target: Field) -> int:
+    off = 0
+    for f in g.fields:
+        if f is target:
+            return off
+        off += f.size or 0
+    return off
+
+
+def _variant_rows(v: Variant) -> Iterator[dict[str, Any]]:
+    yield from _section_rows("extras", v.extras, 0)
+    if v.any_extras:
+        yield {
+            "section": "extras",
+            "field": "extras",
+            "label": "Extras",
+            "offset": 0,
+            "size": "any",
+            "kind": "bytes",
+            "values": "",
+            "doc": "",
+        }
+    if v.key != "none":
+        yield {
+            "section": "key",
+            "field": "key",
+            "label": v.key_label,
+            "offset": 0,
+            "size": "key length",
+            "kind": v.key,
+            "values": "",
+            "doc": "document key (collection id prefixed when collections are negotiated)" if v.key.startswith("doc") else "",
+        }
+    if isinstance(v.value, tuple):
+        yield from _section_rows("value", v.value, 0)
+    elif v.value != "none":
+        yield {
+            "section": "value",
+            "field": "value",
+            "label": v.value_label,
+            "offset": 0,
+            "size": "rest",
+            "kind": v.value,
+            "values": ", ".join(v.json_keys) if v.json_keys else "",
+            "doc": "",
+        }
+
+
+def reference_rows() -> list[dict[str, Any]]:
+    """One row per (command, role, variant, field) of the mcbp and upr tables."""
+    rows: list[dict[str, Any]] = []
+    for op in sorted(spec.COMMANDS):
+        cmd = spec.COMMANDS[op]
+        for role, variants in (("request", cmd.request), ("response", cmd.response or (spec.STATUS_ONLY,))):
+            for v in variants:
+                when = ", ".join(f"{k}={w}" for k, w in v.when)
+                base = {"dialect": "mcbp", "opcode": f"0x{op:02x}", "name": cmd.name, "role": role, "variant": v.name, "when": when}
+                rules = []
+                if v.cas:
+                    rules.append(f"CAS {v.cas}")
+                if cmd.sid and role == "request":
+                    rules.append({"stream": "carries stream id when enabled", "never": "never carries a stream id"}[cmd.sid])
+                if cmd.obsolete:
+                    rules.append(cmd.obsolete)
+                body = list(_variant_rows(v))
+                if not body:
+                    body = [
+                        {"section": "", "field": "", "label": "(no body)", "offset": "", "size": 0, "kind": "", "values": "", "doc": ""}
+                    ]
+                for r in body:
+                    rows.append({**base, **r, "rules": "; ".join(rules)})
+    for op, variants in UPR_BODIES.items():
+        for v in variants:
+            base = {
+                "dialect": "upr",
+                "opcode": f"0x{op:02x}",
+                "name": "UPR " + UPR_OPCODES[op],
+                "role": "response" if op == 2 else "request",
+                "variant": v.name,
+                "when": ", ".join(f"{k}={w}" for k, w in v.when),
+                "rules": "",
+            }
+            for r in (
+                _section_rows("body", v.value, 12)
+                if isinstance(v.value, tuple)
+                else [
+                    {
+                        "section": "body",
+                        "field": "body",
+                        "label": "Body",
+                        "offset": 12,
+                        "size": "rest",
+                        "kind": str(v.value),
+                        "values": "",
+                        "doc": "",
+                    }
+                ]
+            ):
+                rows.append({**base, **r})
+    return rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+def reference_markdown() -> str:
+    """The protocol reference as Markdown (generated; do not edit REFERENCE.md by hand)."""
+    lines = [
+        "# dcpinspect protocol reference",
+        "",
+        "Generated from `dcpinspect/spec.py` and `dcpinspect/spec_upr.py` by",
+        "`python -m dcpinspect reference > REFERENCE.md`; a test fails when it is stale.",
+        "Offsets are relative to the start of each section (extras, key, value).",
+        "",
+        "## Header layouts",
+        "",
+    ]
+    for (alt, resp), layout in spec.HEADER_LAYOUTS.items():
+        magics = [f"0x{m:02x}" for m in spec.MAGICS if (m in spec.ALT_MAGICS) == alt and (m in spec.RESPONSE_MAGICS) == resp]
+        lines.append(f"**{'alt' if alt else 'classic'} {'response' if resp else 'request'}** (magic {', '.join(magics)}):")
+        lines.append("")
+        off = 0
+        rows = []
+        for f in layout:
+            rows.append([str(off), str(f.size), f.label, f.name])
+            off += f.size or 0
+        lines += [*_md_table(["offset", "size", "label", "field"], rows), ""]
+    lines += ["**UPR draft header** (12 bytes):", ""]
+    off = 0
+    urows = []
+    for f in UPR_HEADER:
+        urows.append([str(off), str(f.size), f.label, f.name])
+        off += f.size or 0
+    lines += [*_md_table(["offset", "size", "label", "field"], urows), ""]
+    for title, table in (
+        ("Magic bytes", {f"0x{k:02x}": v for k, v in spec.MAGICS.items()}),
+        ("Datatype bits", {f"0x{k:02x}": v for k, v in spec.DATATYPE.items()}),
+        ("Status codes", {f"0x{k:04x}": v for k, v in spec.STATUS.items()}),
+        ("HELLO features", {f"0x{k:04x}": v for k, v in spec.FEATURES.items()}),
+        ("Request frame infos", {str(k): v[0] for k, v in spec.REQUEST_FRAME_INFOS.items()}),
+        ("Response frame infos", {str(k): v[0] for k, v in spec.RESPONSE_FRAME_INFOS.items()}),
+        ("DCP_CONTROL keys", dict(spec.CONTROL_KEYS)),
+    ):
+        lines += [f"## {title}", "", *_md_table(["code", "name"], [[k, v] for k, v in table.items()]), ""]
+    lines += ["## Commands", ""]
+    current = None
+    for r in reference_rows():
+        head = (
+            f"### {r['opcode']} {r['name']} {r['role']}"
+            + (f" - {r['variant']}" if r["variant"] else "")
+            + (f" ({r['when']})" if r["when"] else "")
+        )
+        if head != current:
+            if current is not None:
+                lines.append("")
+            lines += [head, ""]
+            if r["rules"]:
+                lines += [f"Rules: {r['rules']}.", ""]
+            lines += ["| section | offset | size | label | field | values |", "|---|---|---|---|---|---|"]
+            current = head
+        lines.append(
+            "| " + " | ".join(str(r[k]).replace("|", "\\|") for k in ("section", "offset", "size", "label", "field", "values")) + " |"
+        )
+    return "\n".join(lines) + "\n"
