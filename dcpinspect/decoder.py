@@ -66,26 +66,35 @@ _tnew = tuple.__new__
 class Frame(tuple):  # type: ignore[type-arg]
     """One complete frame.
 
-    A tuple ``(offset, raw, header, dialect)`` for speed (the framing loop makes
+    A tuple ``(offset, raw, dialect)`` for speed (the framing loop makes
     millions of them); read it through the properties.  ``offset`` is the
-    frame's position in its byte stream, ``raw`` its bytes, ``header`` the
-    unpacked header tuple.
+    frame's position in its byte stream, ``raw`` its bytes; ``header`` is
+    unpacked from ``raw`` when asked for.
     """
 
     __slots__ = ()
     type = "frame"
 
-    def __new__(cls, offset: int, raw: bytes, header: tuple[Any, ...] | None = None, dialect: str = "mcbp") -> Frame:
-        """A frame from its bytes (``header`` is unpacked from ``raw`` when not given)."""
-        if header is None:
-            st = spec.HEADER if dialect == "mcbp" else UPR_HEADER_STRUCT
-            header = st.unpack_from(raw, 0)
-        return _tnew(cls, (offset, bytes(raw), header, dialect))
+    def __new__(cls, offset: int, raw: bytes, dialect: str = "mcbp") -> Frame:
+        """A frame from its bytes (the decoder makes them; use this for tests and tools)."""
+        st = spec.HEADER if dialect == "mcbp" else UPR_HEADER_STRUCT
+        if len(raw) < st.size:
+            raise ValueError(f"a {dialect} frame is at least {st.size} bytes")
+        return _tnew(cls, (offset, bytes(raw), dialect))
 
     offset: int = property(itemgetter(0))  # type: ignore[assignment]
     raw: bytes = property(itemgetter(1))  # type: ignore[assignment]
-    header: tuple[Any, ...] = property(itemgetter(2))  # type: ignore[assignment]
-    dialect: str = property(itemgetter(3))  # type: ignore[assignment]
+    dialect: str = property(itemgetter(2))  # type: ignore[assignment]
+
+    @property
+    def header(self) -> tuple[Any, ...]:
+        """The unpacked header.
+
+        mcbp: magic, opcode, key length field, extras length, datatype,
+        vbucket/status, body length, opaque, cas; upr: opcode, reserved,
+        request id, length.
+        """
+        return (spec.HEADER if self[2] == "mcbp" else UPR_HEADER_STRUCT).unpack_from(self[1], 0)
 
     @property
     def length(self) -> int:
@@ -96,46 +105,46 @@ class Frame(tuple):  # type: ignore[type-arg]
     @property
     def magic(self) -> int:
         """Magic byte (mcbp) or the draft's opcode byte (upr)."""
-        return int(self[2][0])
+        return self[1][0]
 
     @property
     def opcode(self) -> int:
         """Opcode (for upr: the header opcode, 1 request ... 7)."""
-        h = self[2]
-        return int(h[1]) if self[3] == "mcbp" else int(h[0])
+        h = self.header
+        return int(h[1]) if self[2] == "mcbp" else int(h[0])
 
     @property
     def is_alt(self) -> bool:
         """True for flexible-framing magics 0x08/0x18."""
-        return self[3] == "mcbp" and self[2][0] in spec.ALT_MAGICS
+        return self[2] == "mcbp" and self[1][0] in spec.ALT_MAGICS
 
     @property
     def framing_extras_length(self) -> int:
         """Flexible framing extras length (0 for classic magics)."""
-        return self[2][2] >> 8 if self.is_alt else 0
+        return self.header[2] >> 8 if self.is_alt else 0
 
     @property
     def key_length(self) -> int:
         """Key length (byte 3 for alt magics, bytes 2-3 otherwise)."""
-        h = self[2]
+        h = self.header
         return h[2] & 0xFF if self.is_alt else int(h[2])
 
     @property
     def extras_length(self) -> int:
         """Extras length."""
-        return int(self[2][3])
+        return int(self.header[3])
 
     @property
     def datatype(self) -> int:
         """Datatype byte."""
-        return int(self[2][4])
+        return int(self.header[4])
 
     @property
     def is_response(self) -> bool:
         """True for response magics (0x81, 0x18, 0x83; upr: opcode 2)."""
-        if self[3] == "upr":
-            return bool(self[2][0] == 2)
-        return self[2][0] in spec.RESPONSE_MAGICS
+        if self[2] == "upr":
+            return self[1][0] == 2
+        return self[1][0] in spec.RESPONSE_MAGICS
 
     @property
     def role(self) -> str:
@@ -145,37 +154,37 @@ class Frame(tuple):  # type: ignore[type-arg]
     @property
     def vbucket(self) -> int | None:
         """Vbucket id of a request (``None`` for responses)."""
-        return None if self.is_response or self[3] == "upr" else int(self[2][5])
+        return None if self.is_response or self[2] == "upr" else int(self.header[5])
 
     @property
     def status(self) -> int | None:
         """Status of a response (``None`` for requests)."""
-        return int(self[2][5]) if self.is_response and self[3] == "mcbp" else None
+        return int(self.header[5]) if self.is_response and self[2] == "mcbp" else None
 
     @property
     def body_length(self) -> int:
         """Declared total body length."""
-        h = self[2]
-        return int(h[6]) if self[3] == "mcbp" else int(h[3])
+        h = self.header
+        return int(h[6]) if self[2] == "mcbp" else int(h[3])
 
     @property
     def opaque(self) -> int:
         """Opaque (mcbp) or request id (upr)."""
-        h = self[2]
-        return int(h[7]) if self[3] == "mcbp" else int(h[2])
+        h = self.header
+        return int(h[7]) if self[2] == "mcbp" else int(h[2])
 
     @property
     def cas(self) -> int:
         """CAS."""
-        return int(self[2][8]) if self[3] == "mcbp" else 0
+        return int(self.header[8]) if self[2] == "mcbp" else 0
 
     @property
     def name(self) -> str:
         """``DCP_STREAM_REQ``, ``unknown 0xNN``; upr: ``UPR Request`` ..."""
-        if self[3] == "upr":
-            op = self[2][0]
+        if self[2] == "upr":
+            op = self.header[0]
             return "UPR " + UPR_OPCODES.get(op, f"unknown 0x{op:02x}")
-        return spec.opcode_name(self[2][1])
+        return spec.opcode_name(self.header[1])
 
     # --- sections ------------------------------------------------------------
     def _bounds(self) -> tuple[int, int, int, int, int]:
@@ -213,7 +222,7 @@ class Frame(tuple):  # type: ignore[type-arg]
     @property
     def body(self) -> bytes:
         """Everything after the header."""
-        return self[1][spec.HEADER_SIZE if self[3] == "mcbp" else UPR_HEADER_SIZE :]
+        return self[1][spec.HEADER_SIZE if self[2] == "mcbp" else UPR_HEADER_SIZE :]
 
     @property
     def stream_id(self) -> int | None:
@@ -303,6 +312,8 @@ _UPR = _Dialect("upr", UPR_HEADER_STRUCT, 3, re.compile(b"[\x01-\x07]"))
 _DIALECTS = {"mcbp": _MCBP, "upr": _UPR}
 _MAGICS = frozenset(spec.MAGICS)
 _ALT = spec.ALT_MAGICS
+_LENGTHS = struct.Struct(">BxHBxxxI")  # magic, key length field, extras length, body length
+_CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _KNOWN_OPS = frozenset(spec.COMMANDS)
 
 
@@ -335,10 +346,10 @@ def _implausible_upr(h: tuple[Any, ...], max_body: int, strict: bool) -> str | N
 
 
 class FrameDecoder:
-    r"""Incremental, sans-IO frame decoder for one direction of a byte stream.
+    """Incremental, sans-IO frame decoder for one direction of a byte stream.
 
     >>> d = FrameDecoder()
-    >>> events = d.feed(b"\\x80\\x5c" + bytes(22))   # a DCP_NOOP request
+    >>> events = d.feed(bytes([0x80, 0x5C]) + bytes(22))  # a DCP_NOOP request
     >>> [e.type for e in events]
     ['frame']
 
@@ -374,10 +385,10 @@ class FrameDecoder:
         self._buf = bytearray()  # start of an incomplete frame (or header candidate)
         self._buf_off = 0  # stream offset of _buf[0]
         self._need = 0  # total length of the frame in _buf once its header was judged plausible
-        self._need_header: tuple[Any, ...] | None = None
         self._garbage = bytearray()
         self._garbage_off = 0
         self._garbage_reason = ""
+        self._garbage_run = False
         self._strict = not aligned
         self._offset = 0  # stream offset after everything fed so far
         self._closed = False
@@ -419,14 +430,12 @@ class FrameDecoder:
                     buf += data
                     return events
                 buf += data[:missing]
-                assert self._need_header is not None
-                events.append(_tnew(Frame, (self._buf_off, bytes(buf), self._need_header, self.dialect)))
+                events.append(_tnew(Frame, (self._buf_off, bytes(buf), self.dialect)))
                 self._strict = False
                 base += missing
                 data = data[missing:]
                 buf.clear()
                 self._need = 0
-                self._need_header = None
                 if not data:
                     return events
             else:  # fewer than header-size bytes held: rescan them with the new data
@@ -496,18 +505,21 @@ class FrameDecoder:
             self._events.append(Truncated(self._buf_off, bytes(self._buf), reason))
             self._buf.clear()
             self._need = 0
-            self._need_header = None
 
     def _flush_garbage(self) -> None:
+        """End the current garbage run (a frame starts, a gap, the end of stream)."""
         if self._garbage:
             self._events.append(Garbage(self._garbage_off, bytes(self._garbage), self._garbage_reason))
             self._garbage.clear()
+        self._garbage_run = False
 
     def _add_garbage(self, data: bytes, off: int, reason: str) -> None:
         g = self._garbage
+        if not self._garbage_run:  # a run's reason is its first byte's, in every piece of it
+            self._garbage_run = True
+            self._garbage_reason = reason
         if not g:
             self._garbage_off = off
-            self._garbage_reason = reason
         g += data
         chunk = self.garbage_chunk
         while len(g) >= chunk:
@@ -532,6 +544,11 @@ class FrameDecoder:
                 pos = self._resync(buf, pos, base)
                 if pos < 0:
                     return
+            if dialect == "mcbp":
+                pos = self._run_mcbp(buf, pos, base)
+                if pos < 0:
+                    return
+                continue
             # fast path: aligned frames back to back
             while pos + hs <= n:
                 h = unpack_from(buf, pos)
@@ -543,14 +560,51 @@ class FrameDecoder:
                     break
                 end = pos + hs + h[bi]
                 if end > n:
-                    self._keep(buf, pos, base, end - pos, h)
+                    self._keep(buf, pos, base, end - pos)
                     return
-                app(_tnew(Frame, (base + pos, buf[pos:end], h, dialect)))
+                app(_tnew(Frame, (base + pos, buf[pos:end], dialect)))
                 pos = end
             else:
                 if pos < n:
-                    self._keep(buf, pos, base, 0, None)
+                    self._keep(buf, pos, base, 0)
                 return
+
+    def _run_mcbp(self, buf: bytes, pos: int, base: int) -> int:
+        """Frame aligned mcbp frames back to back (the hot loop: checks inlined).
+
+        Returns the position after an implausible header's first byte (now
+        pending garbage, strict mode on), or -1 when ``buf`` is used up.
+        """
+        unpack_from = _LENGTHS.unpack_from
+        max_body = self.max_body
+        app = self._events.append
+        classic = _CLASSIC
+        alt = _ALT
+        tnew = _tnew
+        frame = Frame
+        n = len(buf)
+        while pos + 24 <= n:
+            m, kl, el, body = unpack_from(buf, pos)
+            if m in classic:
+                ok = kl + el <= body <= max_body
+            elif m in alt:
+                ok = (kl >> 8) + (kl & 0xFF) + el <= body <= max_body
+            else:
+                ok = False
+            if not ok:
+                why = _implausible_mcbp(spec.HEADER.unpack_from(buf, pos), max_body, False) or "implausible header"
+                self._add_garbage(buf[pos : pos + 1], base + pos, why)
+                self._strict = True
+                return pos + 1
+            end = pos + 24 + body
+            if end > n:
+                self._keep(buf, pos, base, end - pos)
+                return -1
+            app(tnew(frame, (base + pos, buf[pos:end], "mcbp")))
+            pos = end
+        if pos < n:
+            self._keep(buf, pos, base, 0)
+        return -1
 
     def _resync(self, buf: bytes, pos: int, base: int) -> int:
         """Skip to the next plausible header (strict rules); -1 if none in ``buf``."""
@@ -567,7 +621,7 @@ class FrameDecoder:
                 return -1
             if pos + hs > n:
                 # cannot judge yet: keep the candidate (pending garbage stays pending)
-                self._keep(buf, pos, base, 0, None)
+                self._keep(buf, pos, base, 0)
                 return -1
             h = d.unpack_from(buf, pos)
             why = self._implausible(h, self.max_body, True)
@@ -576,19 +630,18 @@ class FrameDecoder:
                 self._strict = False
                 end = pos + hs + h[d.body_index]
                 if end > n:
-                    self._keep(buf, pos, base, end - pos, h)
+                    self._keep(buf, pos, base, end - pos)
                     return -1
-                self._events.append(_tnew(Frame, (base + pos, buf[pos:end], h, self.dialect)))
+                self._events.append(_tnew(Frame, (base + pos, buf[pos:end], self.dialect)))
                 return end
             self._add_garbage(buf[pos : pos + 1], base + pos, why)
             pos += 1
         return -1
 
-    def _keep(self, buf: bytes, pos: int, base: int, need: int, header: tuple[Any, ...] | None) -> None:
+    def _keep(self, buf: bytes, pos: int, base: int, need: int) -> None:
         self._buf += buf[pos:]
         self._buf_off = base + pos
         self._need = need
-        self._need_header = header
 
 
 def decode(data: bytes | bytearray | memoryview, *, dialect: str = "mcbp", **options: Any) -> list[Event]:

@@ -36,7 +36,8 @@ __all__ = [
     "parse_frame_infos",
 ]
 
-MAX_INFLATED = 64 * 1024 * 1024  # refuse to inflate snappy values claiming more than this
+MAX_INFLATED = 64 * 1024 * 1024
+_HEADER_UNPACK = spec.HEADER.unpack_from  # refuse to inflate snappy values claiming more than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +175,12 @@ class Dissection:
         "variant",
     )
 
-    def __init__(self, frame: Frame, context: DissectContext) -> None:
+    def __init__(self, frame: Frame, context: DissectContext, role: str) -> None:
         self.frame = frame
         self.context = context
         self.name = ""
         self.title = ""
-        self.role = frame.role
+        self.role = role
         self.variant = ""
         self.extras: dict[str, Any] = {}
         self.body: dict[str, Any] = {}
@@ -407,6 +408,8 @@ def _decode_fields(
 
 
 def _select(variants: tuple[Variant, ...], frame: Frame, ext: bytes, vlen: int, response: bool) -> Variant | None:
+    if not response and len(variants) == 1 and not variants[0].when:
+        return variants[0]
     extlen = len(ext)
     status = frame.header[5] if response else None
     for v in variants:
@@ -441,15 +444,15 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     if not isinstance(frame, Frame):
         raise TypeError(f"dissect() takes a Frame, not {type(frame).__name__}")
     ctx = context or DEFAULT_CONTEXT
-    if frame.dialect == "upr":
+    if frame[2] == "upr":
         return _dissect_upr(frame, ctx)
-    d = Dissection(frame, ctx)
     raw = frame.raw
-    h = frame.header
+    h = _HEADER_UNPACK(raw)
     magic = h[0]
     opcode = h[1]
     alt = magic in spec.ALT_MAGICS
     response = magic in spec.RESPONSE_MAGICS
+    d = Dissection(frame, ctx, "response" if response else "request")
     server = magic in (0x82, 0x83)
     cmd = None if server else spec.COMMANDS.get(opcode)
     d.name = f"server opcode 0x{opcode:02x}" if server else (cmd.name if cmd else f"unknown 0x{opcode:02x}")
@@ -498,16 +501,18 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     d.variant = variant.name
 
     # extras
+    zero_done = False  # the zero/non-zero rules on extras ran on the fast path
     if el:
         if variant.extras and el == variant.extras_len and variant.extras_struct is not None:
             vals = variant.extras_struct.unpack(ext)
-            d.extras = dict(zip([f.name for f in variant.extras], vals, strict=True))
+            d.extras = dict(zip(variant.extras_names, vals, strict=True))
             d._items.append(("block", variant.extras, e0, vals, "extras.", 1))
-            off = e0
-            for f, v in zip(variant.extras, vals, strict=True):
-                if f.invalid or (f.strict and f.names is not None and f.kind in (FLAGS, ENUM)):
-                    _field_problems(f, v, off, d)
-                off += f.size or 0
+            for i, off, f in variant.extras_checked:
+                _field_problems(f, vals[i], e0 + off, d)
+            for i, zero, msg in variant.zero_checks:
+                if (vals[i] != 0) is zero:
+                    d.problems.append(Problem(msg, *_where(d, variant.extras_names[i])))
+            zero_done = True
         elif variant.extras:
             d.problems.append(Problem(f"unexpected extras length {el} for {d.title} (expected {variant.extras_len})", e0, el))
             _decode_fields(d, variant.extras, raw, e0, k0, "extras.", 1, d.extras, quiet=True)
@@ -530,45 +535,54 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
         d.problems.append(Problem("CAS must not be 0", 16, 8))
     if variant.datatypes is not None and h[4] not in variant.datatypes:
         d.problems.append(Problem(f"datatype 0x{h[4]:02x} is not valid for {d.title}", 5, 1))
-    for check in variant.checks:
-        _check(d, check, variant)
+    for check in variant.other_checks if zero_done else variant.checks:
+        _check(d, check)
     return d
 
 
 _GENERIC = Variant("generic", any_extras=True, key="any", value="any")
 
 
-def _check(d: Dissection, check: tuple[object, ...], variant: Variant) -> None:
+def _where(d: Dissection, name: object) -> tuple[int, int]:
+    """Offset and length of the extras/value field called ``name`` (for a problem)."""
+    suffix = "." + str(name)
+    for it in d.fields:
+        if it.path.endswith(suffix):
+            return it.offset, it.length
+    return 0, 0
+
+
+def _check(d: Dissection, check: tuple[Any, ...]) -> None:
+    """Apply one of a variant's declarative rules (see ``Variant.checks``)."""
     kind = check[0]
-    vals = {**d.extras, **d.body}
-
-    def where(name: object) -> tuple[int, int]:
-        for it in d.fields:
-            if it.path.endswith("." + str(name)):
-                return it.offset, it.length
-        return 0, 0
-
-    if kind in ("exclusive", "requires", "cache_transfer_only_with"):
-        name, a, b, msg = check[1], check[2], check[3], check[4]
-        v = vals.get(str(name))
-        if not isinstance(v, int):
-            return
-        assert isinstance(a, int) and isinstance(b, int)
-        bad = (v & a and v & b) if kind == "exclusive" else (v & a and not v & b) if kind == "requires" else (v & a and v & ~b)
-        if bad:
-            d.problems.append(Problem(str(msg), *where(name)))
-    elif kind == "order":
-        lo, hi, msg = vals.get(str(check[1])), vals.get(str(check[2])), check[3]
-        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
-            d.problems.append(Problem(str(msg), *where(check[1])))
-    elif kind in ("zero", "nonzero"):
-        v = vals.get(str(check[1]))
-        if isinstance(v, int) and (v != 0) == (kind == "zero"):
-            d.problems.append(Problem(str(check[2]), *where(check[1])))
-    elif kind == "context":
-        have = getattr(d.context, str(check[1]))
+    ext = d.extras
+    body = d.body
+    if kind == "context":
+        have = getattr(d.context, check[1])
         if have is not None and have is not check[2]:
-            d.problems.append(Problem(str(check[3]), 4, 1))
+            d.problems.append(Problem(check[3], 4, 1))
+        return
+    name = check[1]
+    v = ext[name] if name in ext else body.get(name)
+    if not isinstance(v, int):
+        return
+    if kind in {"nonzero", "zero"}:
+        bad: Any = (v != 0) == (kind == "zero")
+        msg = check[2]
+    elif kind == "order":
+        hi = ext[check[2]] if check[2] in ext else body.get(check[2])
+        bad = isinstance(hi, int) and v > hi
+        msg = check[3]
+    else:
+        a, b, msg = check[2], check[3], check[4]
+        if kind == "exclusive":
+            bad = v & a and v & b
+        elif kind == "requires":
+            bad = v & a and not v & b
+        else:  # only combined with the bits in b
+            bad = v & a and v & ~b
+    if bad:
+        d.problems.append(Problem(msg, *_where(d, name)))
 
 
 def _framing(d: Dissection, raw: bytes, start: int, end: int, response: bool, cmd: spec.Command | None) -> None:
@@ -718,6 +732,26 @@ def _value(d: Dissection, variant: Variant, raw: bytes, start: int, end: int, da
 def _doc_value(d: Dissection, raw: bytes, start: int, end: int, datatype: int) -> None:
     value = raw[start:end]
     n = end - start
+    if not datatype & 0x06:  # the common case: a plain (or JSON) document, no xattrs, not compressed
+        try:
+            text: str | None = value.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if datatype & 0x01:
+            try:
+                d.document = json.loads(value)
+            except (ValueError, RecursionError) as exc:
+                d.problems.append(Problem(f"datatype says JSON but the document is not valid JSON: {str(exc)[:80]}", start, n))
+                d.document = _text(value)
+            d._items.append(("leaf", None, "value", "Value", start, n, text if text is not None else _text(value), 0, None, TEXT, False))
+            return
+        if text is not None and (text.isprintable() or _printable_ws(text)):
+            d.document = text
+            d._items.append(("leaf", None, "value", "Value", start, n, text, 0, None, TEXT, False))
+        else:
+            d.document = value
+            d._items.append(("leaf", None, "value", "Value", start, n, value, 0, None, BYTES, False))
+        return
     body = value
     base = start  # frame offset of body[0] (None-like -1 once inflated)
     if datatype & 0x02:
@@ -801,6 +835,10 @@ def _doc_value(d: Dissection, raw: bytes, start: int, end: int, datatype: int) -
         d._items.append(
             ("leaf", None, "value.document", "document (inflated)", start, n, shown, 1, None, TEXT if textual else BYTES, False)
         )
+
+
+def _printable_ws(s: str) -> bool:
+    return all(c.isprintable() or c in "\r\n\t" for c in s)
 
 
 def _is_text(b: bytes) -> bool:
@@ -1092,7 +1130,7 @@ def _cache_records(d: Dissection, raw: bytes, start: int, end: int) -> None:
 
 
 def _dissect_upr(frame: Frame, ctx: DissectContext) -> Dissection:
-    d = Dissection(frame, ctx)
+    d = Dissection(frame, ctx, frame.role)
     raw = frame.raw
     h = frame.header
     d.name = frame.name

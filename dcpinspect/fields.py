@@ -124,10 +124,31 @@ class Variant:
     doc: str = ""
     extras_len: int = field(init=False)
     extras_struct: struct.Struct | None = field(init=False)
+    extras_names: tuple[str, ...] = field(init=False)
+    #: (index, offset, field) of the extras fields with value rules (enum/flags/invalid)
+    extras_checked: tuple[tuple[int, int, Field], ...] = field(init=False)
+    #: (extras index, must be zero?, message): the zero/non-zero rules on extras fields
+    zero_checks: tuple[tuple[int, bool, str], ...] = field(init=False)
+    #: the remaining rules (need the decoded values by name)
+    other_checks: tuple[tuple[object, ...], ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extras_len", sum(f.size or 0 for f in self.extras))
         object.__setattr__(self, "extras_struct", compile_struct(self.extras))
+        object.__setattr__(self, "extras_names", tuple(f.name for f in self.extras))
+        checked = []
+        off = 0
+        for i, f in enumerate(self.extras):
+            if f.invalid or (f.strict and f.names is not None and f.kind in (FLAGS, ENUM)):
+                checked.append((i, off, f))
+            off += f.size or 0
+        object.__setattr__(self, "extras_checked", tuple(checked))
+        names = [f.name for f in self.extras]
+        zero_checks = tuple(
+            (names.index(c[1]), c[0] == "zero", str(c[2])) for c in self.checks if c[0] in ("zero", "nonzero") and c[1] in names
+        )
+        object.__setattr__(self, "zero_checks", zero_checks)
+        object.__setattr__(self, "other_checks", tuple(c for c in self.checks if not (c[0] in ("zero", "nonzero") and c[1] in names)))
 
 
 @dataclass(frozen=True, slots=True)
