@@ -477,14 +477,22 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
 
     ext = raw[e0:k0]
     if cmd is None:
-        variant: Variant | None = spec.ERROR if response and h[5] != spec.SUCCESS else _GENERIC
+        chosen: Variant | None = spec.ERROR if response and h[5] != spec.SUCCESS else _GENERIC
     else:
-        variant = _select(cmd.response if response else cmd.request, frame, ext, end - v0, response)
-        if variant is None:
+        chosen = _select(cmd.response if response else cmd.request, frame, ext, end - v0, response)
+        if chosen is None:
             if response and h[5] != spec.SUCCESS:
-                variant = spec.ERROR
+                chosen = spec.ERROR
             elif response and not cmd.response:
-                variant = spec.STATUS_ONLY
+                chosen = spec.STATUS_ONLY
+            elif (layout_of := _layout_for(cmd.response if response else cmd.request, el)) is not None:
+                # the extras have a known layout, but the value of a field that picks the
+                # layout (event id, version) has none: decode them and say which value
+                chosen = layout_of
+                vals = layout_of.extras_struct.unpack(ext) if layout_of.extras_struct is not None else ()
+                picked = dict(zip(layout_of.extras_names, vals, strict=True))
+                sel = ", ".join(f"{a}={picked[a]}" for a, _ in layout_of.when if a in picked)
+                d.problems.append(Problem(f"no {d.name} layout for {sel}: body shown raw", e0, el))
             else:
                 variants = cmd.response if response else cmd.request
                 lens = sorted({v.extras_len for v in variants if not v.any_extras})
@@ -495,9 +503,10 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
                         el,
                     )
                 )
-                variant = _GENERIC
+                chosen = _GENERIC
         if cmd.obsolete and not response:
             d.problems.append(Problem(cmd.obsolete, 1, 1))
+    variant: Variant = chosen if chosen is not None else _GENERIC
     d.variant = variant.name
 
     # extras
@@ -541,6 +550,19 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
 
 
 _GENERIC = Variant("generic", any_extras=True, key="any", value="any")
+_LAYOUTS: dict[int, Variant | None] = {}
+
+
+def _layout_for(variants: tuple[Variant, ...], extlen: int) -> Variant | None:
+    """A raw-body variant with the extras layout of the variants selected by an extras field."""
+    key = hash((id(variants), extlen))
+    if key not in _LAYOUTS:
+        base = next(
+            (v for v in variants if v.extras and v.extras_len == extlen and any(a not in ("extlen", "status", "vlen") for a, _ in v.when)),
+            None,
+        )
+        _LAYOUTS[key] = None if base is None else Variant("unknown layout", base.when, extras=base.extras, key="any", value="any")
+    return _LAYOUTS[key]
 
 
 def _where(d: Dissection, name: object) -> tuple[int, int]:

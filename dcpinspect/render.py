@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import itertools
-from typing import Any
 
 from .decoder import Frame, Gap, Garbage, Truncated
 from .dissect import INT_KINDS, DissectContext, Dissection, FieldValue, dissect
@@ -168,22 +167,28 @@ def value_text(f: FieldValue) -> str:
     return shown
 
 
+def _breakdown_lines(d: Dissection) -> tuple[list[str], list[str], list[str]]:
+    """(title and column header, one row per field, one line per problem)."""
+    rows = [("  " * f.depth + f.label, offset_text(f), value_text(f)) for f in d.fields]
+    lw = max([len("Field")] + [len(r[0]) for r in rows]) + 1
+    ow = max([0] + [len(r[1]) for r in rows])
+    head = [d.title, "Field".ljust(lw) + "(offset) (value)"]
+    body = [(label.ljust(lw) + off.ljust(ow) + ": " + val).rstrip() for label, off, val in rows]
+    problems = []
+    for p in d.problems:
+        where = f" (bytes {p.offset}-{p.offset + p.length - 1})" if p.length > 1 else (f" (byte {p.offset})" if p.length == 1 else "")
+        problems.append(f"! {safe_text(p.message)}{where}")
+    return head, body, problems
+
+
 def breakdown(obj: Frame | Dissection, *, context: DissectContext | None = None) -> str:
     """The ``Field (offset) (value)`` table, titled ``<NAME> command|response``.
 
     Header fields flush left, extras and value sub-fields indented two spaces,
     problems as trailing ``! ...`` lines.
     """
-    d = _as_dissection(obj, context)
-    rows = [("  " * f.depth + f.label, offset_text(f), value_text(f)) for f in d.fields]
-    lw = max([len("Field")] + [len(r[0]) for r in rows]) + 1
-    ow = max([0] + [len(r[1]) for r in rows])
-    lines = [d.title, "Field".ljust(lw) + "(offset) (value)"]
-    lines += [(label.ljust(lw) + off.ljust(ow) + ": " + val).rstrip() for label, off, val in rows]
-    for p in d.problems:
-        where = f" (bytes {p.offset}-{p.offset + p.length - 1})" if p.length > 1 else (f" (byte {p.offset})" if p.length == 1 else "")
-        lines.append(f"! {safe_text(p.message)}{where}")
-    return "\n".join(lines)
+    head, body, problems = _breakdown_lines(_as_dissection(obj, context))
+    return "\n".join(head + body + problems)
 
 
 def _event_line(obj: Garbage | Truncated | Gap) -> str:
@@ -260,11 +265,11 @@ def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, ma
         if not sep or not head.strip().isdigit():
             out.append(html.escape(line))
             continue
-        off = int(head)
+        row_off = int(head)
         cells = rest.split("|")[:-1]
         marked = []
         for j, cell in enumerate(cells):
-            b = off + j
+            b = row_off + j
             i = owner[b] if b < n else -1
             if i < 0:
                 marked.append(html.escape(cell))
@@ -275,21 +280,13 @@ def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, ma
                 f' style="background:{PALETTE[i % len(PALETTE)]};color:inherit;text-decoration:none">{html.escape(cell)}</a>'
             )
         out.append(html.escape(head) + "|" + "|".join(marked) + "|")
-    rows = [("  " * f.depth + f.label, offset_text(f), value_text(f)) for f in d.fields]
-    lw = max([len("Field")] + [len(r[0]) for r in rows]) + 1
-    ow = max([0] + [len(r[1]) for r in rows])
-    bd = [html.escape(d.title), html.escape("Field".ljust(lw) + "(offset) (value)")]
-    for i, (label, off, val) in enumerate(rows):
-        text = html.escape((label.ljust(lw) + off.ljust(ow) + ": " + val).rstrip())
-        bd.append(f'<span id="{uid}-f{i}" class="f{i}" style="background:{PALETTE[i % len(PALETTE)]}">{text}</span>')
-    for p in d.problems:
-        bd.append(f'<span style="color:#d55e00">! {html.escape(safe_text(p.message))}</span>')
+    title, body, problems = _breakdown_lines(d)
+    bd = [html.escape(line) for line in title]
+    for i, row in enumerate(body):
+        bd.append(f'<span id="{uid}-f{i}" class="f{i}" style="background:{PALETTE[i % len(PALETTE)]}">{html.escape(row)}</span>')
+    bd += [f'<span style="color:#d55e00">{html.escape(line)}</span>' for line in problems]
     hover = "".join(f"#{uid}:has(.f{i}:hover) .f{i}{{outline:2px solid currentColor}}" for i in range(len(d.fields)))
     return (
         f'<div id="{uid}" class="dcpinspect-annotation"><style>{hover}</style>'
         f'<pre style="line-height:1.25">{chr(10).join(out)}\n\n{chr(10).join(bd)}</pre></div>'
     )
-
-
-def _html_any(obj: Any) -> str:  # pragma: no cover - convenience for ad-hoc display
-    return annotate_html(obj)

@@ -271,6 +271,7 @@ SYSTEM_EVENTS = {
 DURABILITY_LEVELS = {1: "Majority", 2: "MajorityAndPersistOnMaster", 3: "PersistToMajority"}
 OSO_FLAGS = {0x01: "start", 0x02: "end"}
 MARKER_VERSIONS = {0: "v2.0", 1: "v2.1 (never used)", 2: "v2.2"}
+MARKER_VERSION_EXTRAS = (Field("version", "version", 1, ENUM, MARKER_VERSIONS, invalid={1: "snapshot marker v2.1 is never used (rejected)"}),)
 
 #: §7.8 DCP_CONTROL keys -> accepted values / the server's rule
 CONTROL_KEYS: dict[str, str] = {
@@ -414,7 +415,7 @@ def _arith(name: str, opcode: int) -> Command:
         name,
         (Variant(extras=(_u("delta", "delta", 8), _u("initial", "initial", 8), _u("expiration", "expiration", 4)), key="doc"),),
         (
-            Variant(value=(_u("counter", "counter", 8),)),
+            Variant("", (("extlen", 0),), value=(_u("counter", "counter", 8),)),
             Variant("mutation seqno", (("extlen", 16),), extras=MUTATION_SEQNO_EXTRAS, value=(_u("counter", "counter", 8),)),
         ),
     )
@@ -653,13 +654,13 @@ _COMMANDS: tuple[Command, ...] = (
             Variant(
                 "v2.0",
                 (("extlen", 1), ("version", 0)),
-                extras=(Field("version", "version", 1, ENUM, MARKER_VERSIONS),),
+                extras=MARKER_VERSION_EXTRAS,
                 value=SNAPSHOT_V20_VALUE,
             ),
             Variant(
                 "v2.2",
                 (("extlen", 1), ("version", 2)),
-                extras=(Field("version", "version", 1, ENUM, MARKER_VERSIONS),),
+                extras=MARKER_VERSION_EXTRAS,
                 value=SNAPSHOT_V22_VALUE,
             ),
         ),
