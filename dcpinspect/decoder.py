@@ -63,7 +63,7 @@ _GC_PAUSE_BYTES = 1 << 16  # inputs larger than this are framed with the cyclic 
 _tnew = tuple.__new__
 
 
-class Frame(tuple):  # type: ignore[type-arg]
+class Frame(tuple):
     """One complete frame.
 
     A tuple ``(offset, raw, dialect)`` for speed (the framing loop makes
@@ -126,18 +126,20 @@ class Frame(tuple):  # type: ignore[type-arg]
     @property
     def key_length(self) -> int:
         """Key length (byte 3 for alt magics, bytes 2-3 otherwise)."""
+        if self[2] != "mcbp":
+            return 0
         h = self.header
         return h[2] & 0xFF if self.is_alt else int(h[2])
 
     @property
     def extras_length(self) -> int:
         """Extras length."""
-        return int(self.header[3])
+        return int(self.header[3]) if self[2] == "mcbp" else 0
 
     @property
     def datatype(self) -> int:
         """Datatype byte."""
-        return int(self.header[4])
+        return int(self.header[4]) if self[2] == "mcbp" else 0
 
     @property
     def is_response(self) -> bool:
@@ -188,6 +190,9 @@ class Frame(tuple):  # type: ignore[type-arg]
 
     # --- sections ------------------------------------------------------------
     def _bounds(self) -> tuple[int, int, int, int, int]:
+        if self[2] != "mcbp":  # upr: the whole body is the value
+            n = len(self[1])
+            return UPR_HEADER_SIZE, UPR_HEADER_SIZE, UPR_HEADER_SIZE, UPR_HEADER_SIZE, n
         hs = spec.HEADER_SIZE
         fl = self.framing_extras_length
         el = self.extras_length
@@ -227,7 +232,7 @@ class Frame(tuple):  # type: ignore[type-arg]
     @property
     def stream_id(self) -> int | None:
         """The DCP stream id carried in a flexible-framing ``0x22 hi lo`` frame info."""
-        if not self.is_alt:
+        if not self.is_alt or self.is_response:  # in responses frame-info id 2 is WriteUnits
             return None
         from .dissect import parse_frame_infos
 

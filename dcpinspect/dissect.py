@@ -287,7 +287,8 @@ def parse_frame_infos(framing: bytes, *, response: bool = False) -> tuple[list[t
     """Flexible framing extras -> ``[(id, payload, offset, header_len)]`` (offsets within ``framing``).
 
     Nibble encoding with both escapes (FACTS §1.3): id 15 -> 15 + next byte;
-    length 15 -> 15 + next byte (after any id escape byte).
+    length 15 -> 15 + next byte (after any id escape byte).  The encoding is the
+    same both ways; ``response`` only documents which id table applies.
     """
     out: list[tuple[int, bytes, int, int]] = []
     problems: list[Problem] = []
@@ -446,18 +447,16 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     ctx = context or DEFAULT_CONTEXT
     if frame[2] == "upr":
         return _dissect_upr(frame, ctx)
-    raw = frame.raw
+    raw = frame[1]
     h = _HEADER_UNPACK(raw)
     magic = h[0]
     opcode = h[1]
-    alt = magic in spec.ALT_MAGICS
-    response = magic in spec.RESPONSE_MAGICS
-    d = Dissection(frame, ctx, "response" if response else "request")
-    server = magic in (0x82, 0x83)
-    cmd = None if server else spec.COMMANDS.get(opcode)
-    d.name = f"server opcode 0x{opcode:02x}" if server else (cmd.name if cmd else f"unknown 0x{opcode:02x}")
-    d.title = f"{d.name} {spec.MAGIC_ROLE_WORD[magic]}"
-    layout = spec.HEADER_LAYOUTS[(alt, response)]
+    alt, response, role, layout = _MAGIC_INFO[magic]
+    d = Dissection(frame, ctx, role)
+    names = _NAMES.get((opcode, magic))
+    if names is None:
+        names = _NAMES[(opcode, magic)] = _names(opcode, magic)
+    cmd, d.name, d.title = names
     d._items.append(("header", layout, h, alt))
     hs = spec.HEADER_SIZE
     fl = h[2] >> 8 if alt else 0
@@ -550,6 +549,20 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
 
 
 _GENERIC = Variant("generic", any_extras=True, key="any", value="any")
+#: magic -> (alt layout?, response?, role, header layout)
+_MAGIC_INFO = {
+    m: (m in spec.ALT_MAGICS, m in spec.RESPONSE_MAGICS, "response" if m in spec.RESPONSE_MAGICS else "request", spec.HEADER_LAYOUTS[(m in spec.ALT_MAGICS, m in spec.RESPONSE_MAGICS)])
+    for m in spec.MAGICS
+}
+_NAMES: dict[tuple[int, int], tuple[spec.Command | None, str, str]] = {}
+
+
+def _names(opcode: int, magic: int) -> tuple[spec.Command | None, str, str]:
+    """(table entry, name, title) of an opcode under a magic (0x82/0x83 have their own opcode space)."""
+    server = magic in (0x82, 0x83)
+    cmd = None if server else spec.COMMANDS.get(opcode)
+    name = f"server opcode 0x{opcode:02x}" if server else (cmd.name if cmd else f"unknown 0x{opcode:02x}")
+    return cmd, name, f"{name} {spec.MAGIC_ROLE_WORD[magic]}"
 _LAYOUTS: dict[int, Variant | None] = {}
 
 
@@ -880,6 +893,8 @@ def _snappy(data: bytes) -> tuple[bytes | None, str | None]:
         return None, "snappy value has no valid length prefix"
     if length > MAX_INFLATED:
         return None, f"snappy value claims {length} inflated bytes (above {MAX_INFLATED})"
+    if length > 22 * len(data) + 64:  # a snappy copy op expands at most ~21x: refuse before allocating
+        return None, f"snappy value claims {length} inflated bytes from only {len(data)} (impossible)"
     try:
         import cramjam
     except ImportError:  # pragma: no cover - cramjam is a dependency
