@@ -551,7 +551,12 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
 _GENERIC = Variant("generic", any_extras=True, key="any", value="any")
 #: magic -> (alt layout?, response?, role, header layout)
 _MAGIC_INFO = {
-    m: (m in spec.ALT_MAGICS, m in spec.RESPONSE_MAGICS, "response" if m in spec.RESPONSE_MAGICS else "request", spec.HEADER_LAYOUTS[(m in spec.ALT_MAGICS, m in spec.RESPONSE_MAGICS)])
+    m: (
+        m in spec.ALT_MAGICS,
+        m in spec.RESPONSE_MAGICS,
+        "response" if m in spec.RESPONSE_MAGICS else "request",
+        spec.HEADER_LAYOUTS[(m in spec.ALT_MAGICS, m in spec.RESPONSE_MAGICS)],
+    )
     for m in spec.MAGICS
 }
 _NAMES: dict[tuple[int, int], tuple[spec.Command | None, str, str]] = {}
@@ -563,6 +568,8 @@ def _names(opcode: int, magic: int) -> tuple[spec.Command | None, str, str]:
     cmd = None if server else spec.COMMANDS.get(opcode)
     name = f"server opcode 0x{opcode:02x}" if server else (cmd.name if cmd else f"unknown 0x{opcode:02x}")
     return cmd, name, f"{name} {spec.MAGIC_ROLE_WORD[magic]}"
+
+
 _LAYOUTS: dict[int, Variant | None] = {}
 
 

@@ -271,7 +271,9 @@ SYSTEM_EVENTS = {
 DURABILITY_LEVELS = {1: "Majority", 2: "MajorityAndPersistOnMaster", 3: "PersistToMajority"}
 OSO_FLAGS = {0x01: "start", 0x02: "end"}
 MARKER_VERSIONS = {0: "v2.0", 1: "v2.1 (never used)", 2: "v2.2"}
-MARKER_VERSION_EXTRAS = (Field("version", "version", 1, ENUM, MARKER_VERSIONS, invalid={1: "snapshot marker v2.1 is never used (rejected)"}),)
+MARKER_VERSION_EXTRAS = (
+    Field("version", "version", 1, ENUM, MARKER_VERSIONS, invalid={1: "snapshot marker v2.1 is never used (rejected)"}),
+)
 
 #: §7.8 DCP_CONTROL keys -> accepted values / the server's rule
 CONTROL_KEYS: dict[str, str] = {

@@ -248,7 +248,12 @@ CASES = [
         meanings={"extras.version": "v2.2", "value.flags": "disk, history"},
         fields={"value.purge_seqno": 3, "value.high_prepared_seqno": 4},
     ),
-    Case("marker-v2.1-rejected", encode("DCP_SNAPSHOT_MARKER", extras=b"\x01", value=bytes(36)), variant="unknown layout", problems=("no DCP_SNAPSHOT_MARKER layout for version=1", "v2.1 is never used")),
+    Case(
+        "marker-v2.1-rejected",
+        encode("DCP_SNAPSHOT_MARKER", extras=b"\x01", value=bytes(36)),
+        variant="unknown layout",
+        problems=("no DCP_SNAPSHOT_MARKER layout for version=1", "v2.1 is never used"),
+    ),
     Case(
         "marker-v2.0-short-value",
         encode("DCP_SNAPSHOT_MARKER", extras=b"\x00", value=bytes(20)),

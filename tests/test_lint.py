@@ -24,7 +24,10 @@ def test_ruff(args: list[str]) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(subprocess.run([sys.executable, "-m", "mypy", "--version"], capture_output=True, check=False).returncode != 0, reason="mypy not installed")
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-m", "mypy", "--version"], capture_output=True, check=False).returncode != 0,
+    reason="mypy not installed",
+)
 def test_mypy() -> None:
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
