@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 MAX_INFLATED = 64 * 1024 * 1024
+_NO_SECRETS: list[tuple[int, int]] = []  # shared, never appended to (see _secret)
 _HEADER_UNPACK = spec.HEADER.unpack_from  # refuse to inflate snappy values claiming more than this
 
 
@@ -189,7 +190,7 @@ class Dissection:
         self.stream_id: int | None = None
         self.document: Any = None
         self.problems: list[Problem] = []
-        self.secrets: list[tuple[int, int]] = []
+        self.secrets: list[tuple[int, int]] = _NO_SECRETS  # replaced by a list when one is found
         self._items: list[_Item] = []
         self._fields: list[FieldValue] | None = None
 
@@ -513,7 +514,7 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     if el:
         if variant.extras and el == variant.extras_len and variant.extras_struct is not None:
             vals = variant.extras_struct.unpack(ext)
-            d.extras = dict(zip(variant.extras_names, vals, strict=True))
+            d.extras = dict(zip(variant.extras_names, vals))  # noqa: B905 - same length by construction
             d._items.append(("block", variant.extras, e0, vals, "extras.", 1))
             for i, off, f in variant.extras_checked:
                 _field_problems(f, vals[i], e0 + off, d)
@@ -534,7 +535,10 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     # key
     _key(d, variant, raw, k0, v0, cmd)
     # value
-    _value(d, variant, raw, v0, end, h[4], cmd)
+    if v0 < end and variant.value.__class__ is str and variant.value in _DOC_KINDS:  # the common case, without the dispatch
+        _doc_value(d, raw, v0, end, h[4])
+    else:
+        _value(d, variant, raw, v0, end, h[4], cmd)
 
     # variant rules
     if variant.cas == "zero" and h[8] != 0:
@@ -549,6 +553,7 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
 
 
 _GENERIC = Variant("generic", any_extras=True, key="any", value="any")
+_DOC_KINDS = frozenset(("doc", "doc?"))
 #: magic -> (alt layout?, response?, role, header layout)
 _MAGIC_INFO = {
     m: (
@@ -708,8 +713,8 @@ def _key(d: Dissection, variant: Variant, raw: bytes, start: int, end: int, cmd:
                 d.problems.append(Problem("key holds only a collection id", start - clen, clen))
                 return
     d.key = key
-    text = _text(key)
     if kind == "agent" and key[:1] == b"{":
+        text = _text(key)
         d._items.append(("leaf", None, "key", label, start, len(key), text, 0, None, TEXT, False))
         try:
             obj = json.loads(key)
@@ -723,10 +728,11 @@ def _key(d: Dissection, variant: Variant, raw: bytes, start: int, end: int, cmd:
         return
     meaning = None
     if cmd is not None and cmd.opcode == 0x5E:  # DCP_CONTROL key
+        text = _text(key)
         meaning = spec.CONTROL_KEYS.get(text)
         if meaning is None:
             d.problems.append(Problem(f"unknown control key {text!r} (the producer answers Einval)", start, len(key)))
-    d._items.append(("leaf", None, "key", label, start, len(key), text, 0, meaning, TEXT, False))
+    d._items.append(("leaf", None, "key", label, start, len(key), key, 0, meaning, TEXT, False))  # decoded in _expand
 
 
 def _value(d: Dissection, variant: Variant, raw: bytes, start: int, end: int, datatype: int, cmd: spec.Command | None) -> None:
@@ -1025,6 +1031,12 @@ def _error_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
     )
 
 
+def _secret(d: Dissection, span: tuple[int, int]) -> None:
+    if d.secrets is _NO_SECRETS:
+        d.secrets = []
+    d.secrets.append(span)
+
+
 def _sasl_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
     value = raw[start:end]
     n = end - start
@@ -1037,7 +1049,7 @@ def _sasl_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
             d.problems.append(Problem("PLAIN auth data is not authzid\\0user\\0password", start, n))
             items.append(("leaf", None, "value", "Value", start, n, "*" * n if not reveal else _text(value), 0, None, TEXT, not reveal))
             if not reveal:
-                d.secrets.append((start, n))
+                _secret(d, (start, n))
             return
         pos = start
         for name, part in zip(("authzid", "user", "password"), parts, strict=True):
@@ -1059,7 +1071,7 @@ def _sasl_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
                     )
                 )
             if secret and part:
-                d.secrets.append((pos, len(part)))
+                _secret(d, (pos, len(part)))
             pos += len(part) + 1
         return
     text = _text(value)
@@ -1087,7 +1099,7 @@ def _sasl_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
                 )
             )
             if secret:
-                d.secrets.append((pos + 2, len(attr) - 2))
+                _secret(d, (pos + 2, len(attr) - 2))
             pos += len(attr) + 1
         return
     items.append(
@@ -1235,6 +1247,8 @@ def _expand(d: Dissection) -> list[FieldValue]:
             _, f, path, label, off, length, value, depth, meaning, kind, secret = it
             if meaning is None and f is not None:
                 meaning = f.meaning(value)
+            if kind == TEXT and isinstance(value, bytes):
+                value = _text(value)
             rawb = raw[off : off + length]
             if not secret and secrets and any(s < off + length and off < s + n for s, n in secrets):
                 secret = True
