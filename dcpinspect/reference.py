@@ -18,6 +18,11 @@ from .spec_upr import UPR_BODIES, UPR_HEADER, UPR_OPCODES
 __all__ = ["reference_markdown", "reference_rows"]
 
 
+def _row(section: str, field: str, label: str, offset: object, size: object, kind: str, values: str = "", doc: str = "") -> dict[str, Any]:
+    """One reference row."""
+    return {"section": section, "field": field, "label": label, "offset": offset, "size": size, "kind": kind, "values": values, "doc": doc}
+
+
 def _names(f: Field) -> str:
     if f.names is None or f.kind not in (ENUM, FLAGS):
         return ""
@@ -32,28 +37,10 @@ def _section_rows(section: str, fields: tuple[Field | Group, ...], start: int | 
     for f in fields:
         if isinstance(f, Group):
             for g in f.fields:
-                yield {
-                    "section": section,
-                    "field": f"{f.name}[].{g.name}",
-                    "label": g.label,
-                    "offset": f"+{_group_off(f, g)} (repeated)",
-                    "size": g.size,
-                    "kind": g.kind,
-                    "values": _names(g),
-                    "doc": f.doc,
-                }
+                yield _row(section, f"{f.name}[].{g.name}", g.label, f"+{_group_off(f, g)} (repeated)", g.size, g.kind, _names(g), f.doc)
             off = "..."
             continue
-        yield {
-            "section": section,
-            "field": f.name,
-            "label": f.label,
-            "offset": off,
-            "size": f.size if f.size is not None else "rest",
-            "kind": f.kind,
-            "values": _names(f),
-            "doc": f.doc,
-        }
+        yield _row(section, f.name, f.label, off, f.size if f.size is not None else "rest", f.kind, _names(f), f.doc)
         off = off + f.size if isinstance(off, int) and f.size is not None else "..."
 
 
@@ -69,40 +56,22 @@ def _group_off(g: Group, target: Field) -> int:
 def _variant_rows(v: Variant) -> Iterator[dict[str, Any]]:
     yield from _section_rows("extras", v.extras, 0)
     if v.any_extras:
-        yield {
-            "section": "extras",
-            "field": "extras",
-            "label": "Extras",
-            "offset": 0,
-            "size": "any",
-            "kind": "bytes",
-            "values": "",
-            "doc": "",
-        }
+        yield _row("extras", "extras", "Extras", 0, "any", "bytes", "", "")
     if v.key != "none":
-        yield {
-            "section": "key",
-            "field": "key",
-            "label": v.key_label,
-            "offset": 0,
-            "size": "key length",
-            "kind": v.key,
-            "values": "",
-            "doc": "document key (collection id prefixed when collections are negotiated)" if v.key.startswith("doc") else "",
-        }
+        yield _row(
+            "key",
+            "key",
+            v.key_label,
+            0,
+            "key length",
+            v.key,
+            "",
+            "document key (collection id prefixed when collections are negotiated)" if v.key.startswith("doc") else "",
+        )
     if isinstance(v.value, tuple):
         yield from _section_rows("value", v.value, 0)
     elif v.value != "none":
-        yield {
-            "section": "value",
-            "field": "value",
-            "label": v.value_label,
-            "offset": 0,
-            "size": "rest",
-            "kind": v.value,
-            "values": ", ".join(v.json_keys) if v.json_keys else "",
-            "doc": "",
-        }
+        yield _row("value", "value", v.value_label, 0, "rest", v.value, ", ".join(v.json_keys) if v.json_keys else "", "")
 
 
 def reference_rows() -> list[dict[str, Any]]:
@@ -123,9 +92,7 @@ def reference_rows() -> list[dict[str, Any]]:
                     rules.append(cmd.obsolete)
                 body = list(_variant_rows(v))
                 if not body:
-                    body = [
-                        {"section": "", "field": "", "label": "(no body)", "offset": "", "size": 0, "kind": "", "values": "", "doc": ""}
-                    ]
+                    body = [_row("", "", "(no body)", "", 0, "", "", "")]
                 for r in body:
                     rows.append({**base, **r, "rules": "; ".join(rules)})
     for op, variants in UPR_BODIES.items():
@@ -142,18 +109,7 @@ def reference_rows() -> list[dict[str, Any]]:
             for r in (
                 _section_rows("body", v.value, 12)
                 if isinstance(v.value, tuple)
-                else [
-                    {
-                        "section": "body",
-                        "field": "body",
-                        "label": "Body",
-                        "offset": 12,
-                        "size": "rest",
-                        "kind": str(v.value),
-                        "values": "",
-                        "doc": "",
-                    }
-                ]
+                else [_row("body", "body", "Body", 12, "rest", str(v.value), "", "")]
             ):
                 rows.append({**base, **r})
     return rows

@@ -282,6 +282,7 @@ class Case:
     key: bytes = b""
     document: Any = NOT_CHECKED
     dialect: str = "mcbp"
+    context: DissectContext | None = None  # what to dissect with (None: the default, nothing known)
 
     def encode(self, **changes: Any) -> bytes:
         return encode(self.opcode, **{**self.kwargs, **changes})
@@ -325,6 +326,7 @@ def mcbp_case(draw: st.DrawFn, cmd: Command, response: bool, v: Variant) -> Case
     value: Any = None
     body: dict[str, Any] = {}
     document: Any = NOT_CHECKED
+    context = None
     kind = v.value
     if isinstance(kind, tuple):
         value = draw(fields_dict(kind))
@@ -361,6 +363,8 @@ def mcbp_case(draw: st.DrawFn, cmd: Command, response: bool, v: Variant) -> Case
     elif kind == "cache_records":
         value, records = draw(cache_records())
         body = {"records": records}
+        # record keys carry a collection id only when collections were negotiated: say so
+        context = DissectContext(collections=True)
     else:
         raise AssertionError(f"unknown value kind {kind!r}")
     if v.cas == "zero":
@@ -381,7 +385,7 @@ def mcbp_case(draw: st.DrawFn, cmd: Command, response: bool, v: Variant) -> Case
         "cas": cas,
         "datatype": datatype,
     }
-    return Case(cmd.opcode, response, v, kwargs, extras=extras, body=body, key=key, document=document)
+    return Case(cmd.opcode, response, v, kwargs, extras=extras, body=body, key=key, document=document, context=context)
 
 
 @st.composite

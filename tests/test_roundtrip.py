@@ -22,6 +22,7 @@ from strategies import (
     NOT_CHECKED,
     UPR_VARIANTS,
     Case,
+    cache_records,
     flatbuffer_values,
     known_bits,
     max_uint,
@@ -107,7 +108,7 @@ def reencode(d: Any, fr: Frame) -> bytes:
     )
 
 
-def check_case(case: Case, context: DissectContext | None = None) -> Any:
+def check_case(case: Case) -> Any:
     raw = case.encode()
     fr = only_frame(raw)
     kw = case.kwargs
@@ -120,7 +121,7 @@ def check_case(case: Case, context: DissectContext | None = None) -> Any:
     else:
         assert fr.vbucket == kw["vbucket"]
     assert (fr.opcode, fr.framing, fr.key, len(fr.extras)) == (case.opcode, b"", case.key, case.variant.extras_len)
-    d = dissect(fr, context)
+    d = dissect(fr, case.context)
     assert d.name == spec.COMMANDS[case.opcode].name
     assert d.role == ("response" if case.response else "request")
     assert d.variant == case.variant.name
@@ -169,7 +170,7 @@ def test_stream_id_roundtrip(data: st.DataObject, sid: int) -> None:
     case = data.draw(mcbp_case(cmd, False, v), label="case")
     raw = case.encode(stream_id=sid)
     fr = only_frame(raw)
-    d = dissect(fr)
+    d = dissect(fr, case.context)
     assert fr.is_alt and fr.magic == 0x08
     assert fr.stream_id == d.stream_id == sid
     assert (d.variant, d.extras, d.body, d.key) == (v.name, case.extras, case.body, case.key)
@@ -197,7 +198,7 @@ def test_response_frame_info_2_is_not_a_stream_id(data: st.DataObject, units: in
     cmd, _, v = data.draw(st.sampled_from(RESPONSES), label="variant")
     case = data.draw(mcbp_case(cmd, True, v), label="case")
     fr = only_frame(case.encode(frame_infos=[(spec.FRAME_INFO_STREAM_ID, units.to_bytes(2, "big"))]))
-    d = dissect(fr)
+    d = dissect(fr, case.context)
     assert fr.magic == 0x18
     assert d.problems == []
     assert d.stream_id is None
@@ -383,7 +384,7 @@ def violate(rule: Rule, case: Case, draw: Any) -> tuple[dict[str, Any], DissectC
 def assert_rule_reported(rule: Rule, data: st.DataObject) -> None:
     case = data.draw(mcbp_case(rule.cmd, rule.response, rule.variant), label="case")
     changes, ctx = violate(rule, case, data.draw)
-    d = dissect(only_frame(case.encode(**changes)), ctx)
+    d = dissect(only_frame(case.encode(**changes)), ctx or case.context)
     assert any(rule.message in p.message for p in d.problems), (rule.message, d.problems)
 
 
@@ -534,6 +535,19 @@ def test_leb128_above_32_bits_is_a_problem(value: int, key: bytes) -> None:
     d = dissect(only_frame(_mutation(key, value)), DissectContext(collections=True))
     assert d.key == key
     assert any("exceeds 32 bits" in p.message for p in d.problems), d.problems
+
+
+@PROPERTY
+@given(records=cache_records())
+def test_cache_transfer_keys_without_collections(records: tuple[bytes, list[dict[str, Any]]]) -> None:
+    value, expected = records
+    d = dissect(only_frame(encode("DCP_CACHE_TRANSFER", value=value)), DissectContext(collections=False))
+    assert d.problems == []
+    keys = [encode_leb128(r["cid"]) + r["key"].encode() for r in expected]
+    assert d.body["records"] == [
+        {k: v for k, v in r.items() if k != "cid"} | {"key": key.decode("utf-8", "backslashreplace")}
+        for r, key in zip(expected, keys, strict=True)
+    ]
 
 
 @PROPERTY
