@@ -67,3 +67,22 @@ def test_stats_capture_has_the_frame_crossing_a_segment() -> None:
     one = FrameDecoder()
     names = [dissect(e).name for c in server for e in one.feed(c)]  # type: ignore[arg-type]
     assert names.count("STAT") == 53  # PROVENANCE.md: "answered by 53 STAT frames"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_third_party_capture_through_the_capture_reader(name: str) -> None:
+    from dcpinspect.records import CaptureStats, read_records
+
+    st = CaptureStats()
+    records = list(read_records([str(THIRD_PARTY / name)], stats=st))
+    assert [r.event.type for r in records] == ["frame"] * EXPECTED[name]
+    info = st.files[str(THIRD_PARTY / name)]
+    assert info["error"] is None and info["problems"] == [] and info["format"] == "pcap"
+    (conn,) = st.connections
+    assert conn.server == ("192.168.188.38", 11211) and conn.client[0] == "192.168.188.37"
+    assert conn.role_source == "syn" and conn.lost == 0
+    for r in records:
+        assert r.conn == 1 and r.direction == ("c2s" if r.event.role == "request" else "s2c")  # type: ignore[union-attr]
+        assert r.ts >= r.ts_first > 1_400_000_000 * 10**9
+        assert dissect(r.event, r.context).problems == []  # type: ignore[arg-type]
+    assert [r.number for r in records] == list(range(1, len(records) + 1))

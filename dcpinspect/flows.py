@@ -1,0 +1,459 @@
+"""TCP reassembly: segments in, ordered byte runs and explicit gaps out (sans-IO).
+
+Theory of operation
+-------------------
+:class:`Reassembler` takes :class:`Segment` objects (one per captured TCP
+packet, in capture order) and keeps one :class:`Connection` per TCP
+connection: two directions, each a :class:`HalfStream` that turns sequence
+numbers into an ordered byte stream and feeds a :class:`FrameDecoder`.
+
+Rules this module keeps:
+
+1. Missing bytes are never zero-filled.  A hole that can no longer be filled
+   (the out-of-order buffer is over its bound, the direction ended, the
+   capture ended, the snaplen cut a packet) reaches the decoder as
+   ``feed_gap(n)``; the decoder resynchronises after it.  Each direction
+   counts the bytes it lost.
+2. Sequence numbers are extended to 64 bits so they wrap correctly; a
+   retransmission is dropped, an overlap is compared with the bytes already
+   seen (kept for a bounded window) and a difference is reported.
+3. Port reuse is a new connection: a SYN for a closed (or FIN/RST) tuple, or
+   one with a different initial sequence number.
+4. Roles: the SYN's sender is the client; else the endpoint on a known server
+   port is the server; else whoever sends HELLO/SASL/DCP_OPEN first is the
+   client.  Direction is not role: a DCP producer (server) sends requests.
+5. Each decoded event carries the timestamp and packet number of the packet
+   its first byte arrived in and of the packet that completed it.
+6. No I/O and no clock: timestamps are whatever the source put in segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .decoder import DEFAULT_MAX_BODY, Event, FrameDecoder
+
+__all__ = [
+    "DEFAULT_SERVER_PORTS",
+    "TLS_PORTS",
+    "Connection",
+    "FlowEvent",
+    "HalfStream",
+    "Reassembler",
+    "Segment",
+]
+
+DEFAULT_SERVER_PORTS = frozenset((11210, 11209, 11211))
+TLS_PORTS = frozenset((11207,))
+FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
+MAX_PENDING = 4 * 1024 * 1024  # out-of-order bytes held per direction before a hole becomes a gap
+RECENT = 256 * 1024  # delivered bytes kept per direction to compare overlapping retransmissions
+_SESSION_OPCODES = frozenset((0x1F, 0x20, 0x21, 0x50, 0x89))  # HELLO, SASL, DCP_OPEN, SELECT_BUCKET
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One captured TCP segment.
+
+    ``missing`` is the number of payload bytes the capture did not keep
+    (snaplen): they follow ``payload`` in sequence space.  ``ts`` is in
+    nanoseconds; ``packet`` the packet's 1-based number in its capture.
+    """
+
+    ts: int
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    seq: int
+    flags: int
+    payload: bytes = b""
+    missing: int = 0
+    packet: int = 0
+    file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEvent:
+    """A decoder event with where and when it happened."""
+
+    conn: Connection
+    direction: str  # "c2s" or "s2c" (client-to-server, server-to-client)
+    event: Event
+    ts_first: int
+    ts_last: int
+    packet_first: int
+    packet_last: int
+
+
+class HalfStream:
+    """One direction of a connection: sequence space -> ordered bytes -> decoder."""
+
+    def __init__(self, *, aligned: bool, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.decoder = FrameDecoder(aligned=aligned, max_body=max_body)
+        self.next_seq: int | None = None  # absolute (64-bit) next expected sequence number
+        self.base: int | None = None  # absolute seq of decoder offset 0
+        self.pending: dict[int, tuple[bytes, int, int, int]] = {}  # abs seq -> (data, missing, ts, packet)
+        self.pending_bytes = 0
+        self.fin_seq: int | None = None
+        self.closed = False
+        self.lost = 0  # bytes known missing (gaps)
+        self.conflicts = 0  # overlapping retransmissions whose bytes differed
+        self.bytes = 0  # bytes delivered
+        self.segments = 0
+        self._recent = bytearray()  # the last delivered bytes, ending at next_seq
+        self._arrivals: list[tuple[int, int, int]] = []  # (decoder offset where a delivered run starts, ts, packet)
+
+    # --- sequence numbers ------------------------------------------------------
+    def extend(self, seq32: int) -> int:
+        """A 32-bit sequence number as an absolute one, nearest to where we are (wraps)."""
+        ref = self.next_seq
+        if ref is None:
+            return seq32 + (1 << 32)  # room below for retransmissions before the first segment
+        diff = (seq32 - ref) & 0xFFFFFFFF
+        if diff >= 1 << 31:
+            diff -= 1 << 32
+        return ref + diff
+
+    # --- delivery ----------------------------------------------------------------
+    def _deliver(self, data: bytes, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        assert self.base is not None and self.next_seq is not None
+        self._arrivals.append((self.next_seq - self.base, ts, packet))
+        self.next_seq += len(data)
+        self.bytes += len(data)
+        self._recent += data
+        if len(self._recent) > 2 * RECENT:
+            del self._recent[: len(self._recent) - RECENT]
+        self._emit(self.decoder.feed(data), out)
+
+    def _gap(self, n: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        assert self.base is not None and self.next_seq is not None
+        self._arrivals.append((self.next_seq - self.base, ts, packet))
+        self.next_seq += n
+        self.lost += n
+        self._recent.clear()
+        self._emit(self.decoder.feed_gap(n), out)
+
+    def _emit(self, events: list[Event], out: list[tuple[Event, int, int, int, int]]) -> None:
+        if not events:
+            return
+        arr = self._arrivals
+        for ev in events:
+            first = self._find(ev.offset)
+            last = self._find(ev.offset + max(ev.length, 1) - 1)
+            out.append((ev, arr[first][1], arr[last][1], arr[first][2], arr[last][2]))
+        # forget arrivals before the first byte the decoder still holds
+        keep_from = self._find(self.decoder.offset - self.decoder.buffered)
+        if keep_from > 1024:
+            del arr[:keep_from]
+
+    def _find(self, offset: int) -> int:
+        """Index of the delivered run containing decoder ``offset``."""
+        arr = self._arrivals
+        lo, hi = 0, len(arr) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if arr[mid][0] <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def push(self, seq: int, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        """Take one segment's payload at absolute ``seq``."""
+        self.segments += 1
+        if self.next_seq is None:
+            self.next_seq = self.base = seq
+        nxt = self.next_seq
+        end = seq + len(data) + missing
+        if end <= nxt:
+            self._compare(seq, data)
+            return  # a retransmission of bytes already delivered
+        if seq < nxt:  # overlaps what we have: keep the new tail
+            cut = nxt - seq
+            self._compare(seq, data[:cut])
+            if cut <= len(data):
+                data = data[cut:]
+            else:
+                missing -= cut - len(data)
+                data = b""
+            seq = nxt
+        if seq == nxt:
+            self._take(data, missing, ts, packet, out)
+            self._drain(out)
+        else:
+            old = self.pending.get(seq)
+            if old is not None and old[0] != data[: len(old[0])] and not data.startswith(old[0][: len(data)]):
+                self.conflicts += 1
+            if old is None or len(data) + missing > len(old[0]) + old[1]:
+                if old is not None:
+                    self.pending_bytes -= len(old[0])
+                self.pending[seq] = (data, missing, ts, packet)
+                self.pending_bytes += len(data)
+            if self.pending_bytes > MAX_PENDING:
+                self._skip_hole(ts, packet, out)
+
+    def _take(self, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        if data:
+            self._deliver(data, ts, packet, out)
+        if missing:
+            self._gap(missing, ts, packet, out)
+
+    def _drain(self, out: list[tuple[Event, int, int, int, int]]) -> None:
+        while self.pending and self.next_seq is not None:
+            nxt = self.next_seq
+            ready = [s for s in self.pending if s <= nxt]
+            if not ready:
+                return
+            for s in sorted(ready):
+                data, missing, ts, packet = self.pending.pop(s)
+                self.pending_bytes -= len(data)
+                nxt = self.next_seq
+                if s + len(data) + missing <= nxt:
+                    self._compare(s, data)
+                    continue
+                cut = nxt - s
+                self._compare(s, data[:cut])
+                if cut <= len(data):
+                    self._take(data[cut:], missing, ts, packet, out)
+                else:
+                    self._take(b"", missing - (cut - len(data)), ts, packet, out)
+
+    def _skip_hole(self, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        """Give up waiting for the bytes before the earliest pending segment."""
+        if not self.pending or self.next_seq is None:
+            return
+        first = min(self.pending)
+        if first > self.next_seq:
+            self._gap(first - self.next_seq, ts, packet, out)
+        self._drain(out)
+
+    def _compare(self, seq: int, data: bytes) -> None:
+        """Count a retransmission whose bytes differ from what was delivered."""
+        if not data or self.next_seq is None:
+            return
+        start = self.next_seq - len(self._recent)
+        a = max(seq, start)
+        b = min(seq + len(data), self.next_seq)
+        if a < b and self._recent[a - start : b - start] != data[a - seq : b - seq]:
+            self.conflicts += 1
+
+    def finish(self, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+        """The direction ended (FIN delivered, RST, end of capture): flush holes, close the decoder."""
+        if self.closed:
+            return
+        while self.pending:
+            self._skip_hole(ts, packet, out)
+        if self.fin_seq is not None and self.next_seq is not None and self.fin_seq > self.next_seq:
+            self._gap(self.fin_seq - self.next_seq, ts, packet, out)
+        self.closed = True
+        if self.base is None:
+            self.base = self.next_seq = 0
+        self._emit(self.decoder.close(), out)
+
+
+@dataclass(eq=False)
+class Connection:
+    """One TCP connection (a new one for every reuse of the same 4-tuple)."""
+
+    id: int
+    client: tuple[str, int]
+    server: tuple[str, int]
+    file: str = ""
+    syn_seen: bool = False
+    role_source: str = ""  # "syn", "port", "session", "guess"
+    tls: bool = False
+    closed: bool = False
+    decided: bool = True  # known to be memcached binary (or TLS); False until the first payload says
+    ignored: bool = False  # not memcached binary: its segments are counted and skipped
+    isn: dict[str, int] = field(default_factory=dict)
+    halves: dict[str, HalfStream] = field(default_factory=dict)
+    first_ts: int = 0
+    last_ts: int = 0
+    packets: int = 0
+
+    @property
+    def label(self) -> str:
+        """``client ip:port -> server ip:port`` (IPv6 addresses in brackets)."""
+        return f"{_ep(self.client)} -> {_ep(self.server)}"
+
+    @property
+    def lost(self) -> int:
+        """Bytes known missing, both directions."""
+        return sum(h.lost for h in self.halves.values())
+
+
+def _ep(ep: tuple[str, int]) -> str:
+    host, port = ep
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Reassembler:
+    """Every TCP connection of a capture, reassembled and decoded.
+
+    Args:
+        server_ports: ports that mark the server side (and memcached traffic).
+        detect: also decode connections on other ports whose first bytes are
+            a plausible memcached-binary header.
+        tls_ports: ports whose traffic is TLS (reported, never decoded).
+        max_body: passed to each :class:`FrameDecoder`.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+        detect: bool = True,
+        tls_ports: Iterable[int] = TLS_PORTS,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        self.server_ports = frozenset(server_ports)
+        self.tls_ports = frozenset(tls_ports)
+        self.detect = detect
+        self.max_body = max_body
+        self.connections: list[Connection] = []
+        self.skipped_segments = 0  # TCP segments of connections that are not memcached binary
+        self._live: dict[tuple[tuple[str, int], tuple[str, int]], Connection] = {}
+        self._ignored: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+        self._last_ts = 0
+        self._last_packet = 0
+
+    def _key(self, seg: Segment) -> tuple[tuple[str, int], tuple[str, int]]:
+        a = (seg.src, seg.sport)
+        b = (seg.dst, seg.dport)
+        return (a, b) if a <= b else (b, a)
+
+    def feed(self, seg: Segment) -> list[FlowEvent]:
+        """Take one segment; return the events it completed."""
+        self._last_ts = seg.ts
+        self._last_packet = seg.packet
+        key = self._key(seg)
+        conn = self._live.get(key)
+        out: list[FlowEvent] = []
+        src = (seg.src, seg.sport)
+        if seg.flags & SYN and conn is not None:
+            d = "c2s" if src == conn.client else "s2c"
+            isn = conn.isn.get(d)
+            if conn.closed or (isn is not None and isn != seg.seq):
+                out += self._close(conn, seg.ts, seg.packet)
+                conn = None
+        if conn is None:
+            if key in self._ignored and not seg.flags & SYN:
+                self.skipped_segments += 1
+                return out
+            conn = self._open(seg, key)
+            if conn is None:
+                self.skipped_segments += 1
+                return out
+        if not conn.decided and (seg.payload or seg.missing):
+            self._decide(conn, seg.payload)
+        if conn.ignored:
+            self.skipped_segments += 1
+            return out
+        conn.packets += 1
+        conn.last_ts = seg.ts
+        d = "c2s" if src == conn.client else "s2c"
+        half = conn.halves.get(d)
+        if half is None:
+            half = conn.halves[d] = HalfStream(aligned=bool(seg.flags & SYN) or conn.syn_seen, max_body=self.max_body)
+        raw_out: list[tuple[Event, int, int, int, int]] = []
+        seq = seg.seq
+        if seg.flags & SYN:
+            conn.isn[d] = seq
+            if half.next_seq is None:
+                half.next_seq = half.base = seq + 1 + (1 << 32)
+            seq += 1
+        if conn.tls:
+            half.segments += 1
+        elif seg.payload or seg.missing:
+            half.push(half.extend(seq & 0xFFFFFFFF), seg.payload, seg.missing, seg.ts, seg.packet, raw_out)
+        if seg.flags & FIN and half.next_seq is not None:
+            half.fin_seq = half.extend((seq + len(seg.payload) + seg.missing) & 0xFFFFFFFF)
+        if half.fin_seq is not None and half.next_seq is not None and half.fin_seq <= half.next_seq and not half.pending:
+            half.finish(seg.ts, seg.packet, raw_out)
+        out += [FlowEvent(conn, d, *r) for r in raw_out]
+        if seg.flags & RST:
+            out += self._close(conn, seg.ts, seg.packet)
+        elif all(h.closed for h in conn.halves.values()) and len(conn.halves) == 2:
+            conn.closed = True
+        return out
+
+    def _open(self, seg: Segment, key: tuple[tuple[str, int], tuple[str, int]]) -> Connection | None:
+        src, dst = (seg.src, seg.sport), (seg.dst, seg.dport)
+        tls = seg.dport in self.tls_ports or seg.sport in self.tls_ports
+        if seg.flags & SYN and not seg.flags & ACK:
+            client, server, how = src, dst, "syn"
+        elif seg.flags & SYN:  # SYN-ACK: the sender is the server
+            client, server, how = dst, src, "syn"
+        elif seg.dport in self.server_ports or seg.dport in self.tls_ports:
+            client, server, how = src, dst, "port"
+        elif seg.sport in self.server_ports or seg.sport in self.tls_ports:
+            client, server, how = dst, src, "port"
+        elif seg.payload[:1] == b"\x80" and seg.payload[1:2] and seg.payload[1] in _SESSION_OPCODES:
+            client, server, how = src, dst, "session"
+        else:
+            client, server = (src, dst) if seg.sport > seg.dport else (dst, src)
+            how = "guess"
+        known = server[1] in self.server_ports or server[1] in self.tls_ports
+        if not known and not seg.flags & SYN and not (self.detect and _plausible_start(seg.payload)):
+            self._ignored.add(key)
+            return None
+        conn = Connection(0, client, server, file=seg.file, syn_seen=bool(seg.flags & SYN), role_source=how, tls=tls, first_ts=seg.ts)
+        conn.decided = known or not seg.flags & SYN  # a SYN on another port: wait for its first bytes
+        if conn.decided:
+            self._adopt(conn)
+        if not tls and seg.payload[:2] == b"\x16\x03":
+            conn.tls = True
+        self._live[key] = conn
+        self._ignored.discard(key)
+        return conn
+
+    def _adopt(self, conn: Connection) -> None:
+        conn.decided = True
+        conn.id = len(self.connections) + 1
+        self.connections.append(conn)
+
+    def _decide(self, conn: Connection, payload: bytes) -> None:
+        """First bytes of a connection on an unknown port: memcached binary, TLS, or not ours."""
+        if self.detect and _plausible_start(payload):
+            conn.tls = payload[:2] == b"\x16\x03"
+            self._adopt(conn)
+        else:
+            conn.decided = True
+            conn.ignored = True
+
+    def _close(self, conn: Connection, ts: int, packet: int) -> list[FlowEvent]:
+        out: list[FlowEvent] = []
+        for d, half in conn.halves.items():
+            raw: list[tuple[Event, int, int, int, int]] = []
+            half.finish(ts, packet, raw)
+            out += [FlowEvent(conn, d, *r) for r in raw]
+        conn.closed = True
+        return out
+
+    def close(self) -> list[FlowEvent]:
+        """End of capture: finish every direction still open."""
+        out: list[FlowEvent] = []
+        for conn in self.connections:
+            if not conn.closed:
+                out += self._close(conn, self._last_ts, self._last_packet)
+        return out
+
+    def run(self, segments: Iterable[Segment]) -> Iterator[FlowEvent]:
+        """Feed all ``segments`` and close; yield events as they complete."""
+        for seg in segments:
+            yield from self.feed(seg)
+        yield from self.close()
+
+
+def _plausible_start(payload: bytes) -> bool:
+    """Whether these first bytes look like a memcached-binary header (or a TLS record)."""
+    if payload[:2] == b"\x16\x03":
+        return True
+    if len(payload) < 24:
+        return False
+    from .decoder import _implausible_mcbp
+    from .spec import HEADER
+
+    return _implausible_mcbp(HEADER.unpack_from(payload, 0), DEFAULT_MAX_BODY, True) is None

@@ -1,0 +1,203 @@
+"""Records: decoded events with their connection, direction, time and context.
+
+:func:`iter_records` turns segments (from a capture, a proxy, a sniffer) into
+:class:`Record` objects through the one :class:`~dcpinspect.flows.Reassembler`
+and :class:`~dcpinspect.decoder.FrameDecoder`, and follows what each connection
+negotiated (HELLO features, DCP_OPEN flags, DCP_CONTROL enable_stream_id) so
+every frame is dissected with the context of *its* connection: a key carries a
+collection id only where collections were negotiated.  A connection whose
+start was not captured has an unknown context (nothing is guessed).  Pure: no
+I/O.  :func:`read_records` is the capture-file edge on top.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from . import spec
+from .decoder import DEFAULT_MAX_BODY, Event, Frame
+from .dissect import DissectContext
+from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Connection, FlowEvent, Reassembler, Segment
+
+__all__ = ["CaptureStats", "ConnState", "Record", "iter_records", "read_records"]
+
+#: the context of a connection whose start (SYN) was captured but negotiated nothing yet
+FRESH = DissectContext(collections=False, xattr=False, snappy=False, json=False, delete_times=False, include_xattrs=False, stream_ids=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded event in its capture: frame (or garbage/truncated/gap) + where and when."""
+
+    number: int  # 1-based, in order of completion
+    file: str
+    conn: int
+    conn_label: str
+    direction: str  # "c2s" | "s2c"
+    ts: int  # ns: the packet that completed it
+    ts_first: int  # ns: the packet its first byte arrived in
+    packet: int
+    packet_first: int
+    event: Event
+    context: DissectContext
+
+
+@dataclass
+class ConnState:
+    """What a connection negotiated so far (fed one frame at a time)."""
+
+    context: DissectContext
+    features: tuple[int, ...] = ()
+    open_flags: int | None = None
+    open_name: str = ""
+    controls: dict[str, str] = field(default_factory=dict)
+    bucket: str = ""
+    sasl_mechanism: str = ""
+    _pending: dict[tuple[str, int, int], object] = field(default_factory=dict)
+
+    def observe(self, direction: str, frame: Frame) -> None:
+        """Update the context with a frame seen in ``direction`` (c2s/s2c)."""
+        if frame.dialect != "mcbp":
+            return
+        magic = frame.magic
+        op = frame.opcode
+        if magic in (0x80, 0x08) and op in (0x1F, 0x50, 0x5E, 0x89, 0x21):
+            key = frame.key
+            if op == 0x50 and len(frame.extras) == 8:
+                self._pending[(direction, op, frame.opaque)] = (key, struct.unpack(">I", frame.extras[4:])[0])
+            elif op == 0x5E:
+                self._pending[(direction, op, frame.opaque)] = (key.decode("utf-8", "replace"), frame.value.decode("utf-8", "replace"))
+            elif op == 0x89:
+                self._pending[(direction, op, frame.opaque)] = key.decode("utf-8", "replace")
+            elif op == 0x21:
+                self.sasl_mechanism = key.decode("utf-8", "replace")
+            else:
+                self._pending[(direction, op, frame.opaque)] = True
+        elif magic in (0x81, 0x18) and op in (0x1F, 0x50, 0x5E, 0x89):
+            other = "c2s" if direction == "s2c" else "s2c"
+            req = self._pending.pop((other, op, frame.opaque), None)
+            if req is None or frame.status != spec.SUCCESS:
+                return
+            if op == 0x1F:
+                v = frame.value
+                self.features = tuple(struct.unpack(f">{len(v) // 2}H", v[: len(v) // 2 * 2]))
+                self.context = self.context.with_features(self.features)
+            elif op == 0x50 and isinstance(req, tuple):
+                self.open_name = req[0].decode("utf-8", "replace")
+                self.open_flags = int(req[1])
+                self.context = self.context.with_open_flags(self.open_flags)
+            elif op == 0x5E and isinstance(req, tuple):
+                self.controls[str(req[0])] = str(req[1])
+                if req[0] == "enable_stream_id" and req[1] == "true":
+                    self.context = replace(self.context, stream_ids=True)
+            elif op == 0x89 and isinstance(req, str):
+                self.bucket = req
+
+
+@dataclass
+class CaptureStats:
+    """What a read saw besides frames: per-file problems, skipped packets, connections."""
+
+    files: dict[str, dict[str, object]] = field(default_factory=dict)
+    skipped: Counter[str] = field(default_factory=Counter)
+    connections: list[Connection] = field(default_factory=list)
+    states: dict[int, ConnState] = field(default_factory=dict)
+    packets: int = 0
+    records: int = 0
+
+
+def iter_records(
+    segments: Iterable[Segment],
+    *,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+) -> Iterator[Record]:
+    """Reassemble, decode and contextualise ``segments``; yield records in completion order."""
+    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+    st = stats if stats is not None else CaptureStats()
+    st.connections = r.connections
+    states = st.states
+    number = 0
+
+    def convert(fes: list[FlowEvent]) -> Iterator[Record]:
+        nonlocal number
+        for fe in fes:
+            conn = fe.conn
+            state = states.get(conn.id)
+            if state is None:
+                base = FRESH if conn.syn_seen else DissectContext()
+                if reveal_secrets:
+                    base = replace(base, reveal_secrets=True)
+                state = states[conn.id] = ConnState(base)
+            number += 1
+            ev = fe.event
+            yield Record(
+                number,
+                conn.file,
+                conn.id,
+                conn.label,
+                fe.direction,
+                fe.ts_last,
+                fe.ts_first,
+                fe.packet_last,
+                fe.packet_first,
+                ev,
+                state.context,
+            )
+            if ev.type == "frame":
+                state.observe(fe.direction, ev)  # type: ignore[arg-type]
+
+    for seg in segments:
+        fes = r.feed(seg)
+        if fes:
+            yield from convert(fes)
+    yield from convert(r.close())
+    st.records = number
+    st.skipped["not memcached-binary TCP"] += r.skipped_segments
+
+
+def read_records(
+    paths: Iterable[str],
+    *,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+) -> Iterator[Record]:
+    """Records of one or more capture files, read in order as one capture (rotated files join up).
+
+    A file that is not a capture is reported in ``stats.files[path]["error"]``
+    and skipped; a truncated or corrupt record ends that file with a problem,
+    keeping everything before it.
+    """
+    from .capture import CaptureError, CaptureReader
+    from .packets import parse_packet
+
+    st = stats if stats is not None else CaptureStats()
+
+    def segments() -> Iterator[Segment]:
+        for path in paths:
+            reader = CaptureReader(str(path))
+            info: dict[str, object] = {"format": None, "packets": 0, "problems": [], "error": None}
+            st.files[str(path)] = info
+            try:
+                for pkt in reader:
+                    st.packets += 1
+                    seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
+                    if seg is not None:
+                        yield seg
+            except CaptureError as exc:
+                info["error"] = str(exc)
+            info["format"] = reader.format or None
+            info["packets"] = reader.packets
+            info["problems"] = [f"{msg} (at byte offset {off})" for off, msg in reader.problems]
+            info["linktypes"] = sorted(reader.linktypes)
+
+    yield from iter_records(segments(), server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
