@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from .decoder import Event, Frame, decode
 from .dissect import DissectContext, dissect
-from .render import DEFAULT_MAX_ROWS, annotate
+from .render import DEFAULT_MAX_ROWS, annotate, safe_text
 
 __all__ = ["event_dict", "main", "parse_hex"]
 
@@ -139,6 +139,223 @@ def _cmd_examples(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return 0
 
 
+# --- captures -------------------------------------------------------------------
+
+
+class _Progress:
+    """A tqdm bar over the bytes of the capture files, only on an interactive terminal."""
+
+    def __init__(self, paths: list[str], enabled: bool) -> None:
+        import os
+
+        self.bar = None
+        self.done: dict[str, int] = {}
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            total = sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", leave=False)
+
+    def __call__(self, path: str, offset: int) -> None:
+        if self.bar is not None:
+            self.bar.update(offset - self.done.get(path, 0))
+            self.done[path] = offset
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _read(args: argparse.Namespace, stats: Any) -> Any:
+    from .records import read_records
+
+    ports = args.port or [11210, 11209, 11211]
+    progress = _Progress(args.captures, not args.no_progress)
+    try:
+        yield from read_records(
+            args.captures,
+            server_ports=ports,
+            detect=not args.no_detect,
+            stats=stats,
+            reveal_secrets=getattr(args, "reveal_secrets", False),
+            progress=progress,
+        )
+    finally:
+        progress.close()
+
+
+def _report_files(stats: Any) -> int:
+    bad = 0
+    for path, info in stats.files.items():
+        if info["error"]:
+            bad += 1
+            sys.stderr.write(f"dcpinspect: error: {info['error']}\n")
+        for problem in info["problems"]:
+            sys.stderr.write(f"dcpinspect: warning: {path}: {problem}; frames before it were kept\n")
+    return bad
+
+
+def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    import pyarrow as pa
+
+    from .columns import JSON_COLUMNS, FrameColumns
+    from .records import CaptureStats
+    from .tables import _PANDAS, arrow_schema
+
+    stats = CaptureStats()
+    schema = arrow_schema()
+    writer: Any = None
+    csv_header = True
+    shown = 0
+    batch = FrameColumns()
+
+    def flush(cols: FrameColumns) -> None:
+        nonlocal writer, csv_header, shown
+        if not cols.rows:
+            return
+        table = pa.table({f.name: pa.array(cols.cols[f.name], type=f.type) for f in schema}, schema=schema)
+        if args.filter:
+            df = table.to_pandas(types_mapper=_PANDAS.get)
+            try:
+                df = df.query(args.filter, engine="python")
+            except Exception as exc:
+                raise CliError(f"bad --filter expression {args.filter!r}: {exc}") from exc
+            table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+        shown += table.num_rows
+        if args.parquet:
+            import pyarrow.parquet as pq
+
+            if writer is None:
+                writer = pq.ParquetWriter(args.parquet, schema)
+            writer.write_table(table)
+        elif args.csv:
+            import pyarrow.compute as pc
+            import pyarrow.csv as pcsv
+
+            joined = pc.binary_join(table.column("problems"), "; ")
+            t = table.set_column(table.schema.get_field_index("problems"), "problems", joined)
+            if writer is None:
+                writer = pcsv.CSVWriter(args.csv, t.schema)
+            writer.write_table(t)
+            csv_header = False
+        elif args.json:
+            for row in table.select(list(JSON_COLUMNS)).to_pylist():
+                ts = row["ts"]
+                row["ts"] = ts.timestamp() if ts is not None else None
+                out.write(json.dumps(row) + "\n")
+        else:
+            for row in table.select(
+                ["frame", "dir", "conn_id", "type", "name", "role", "vbucket", "status_name", "opaque", "key", "seqno", "problems"]
+            ).to_pylist():
+                status = row["status_name"] if row["role"] == "response" else f"vb={row['vbucket']}"
+                what = row["name"] if row["type"] == "frame" else row["type"]
+                extra = f" key={row['key']!r}" if row["key"] is not None else ""
+                extra += f" seqno={row['seqno']}" if row["seqno"] is not None else ""
+                extra += f" [{'; '.join(row['problems'])}]" if row["problems"] else ""
+                out.write(
+                    f"{row['frame']:>7} conn {row['conn_id']} {row['dir']} {what} {row['role'] or ''} {status if row['type'] == 'frame' else ''} opaque=0x{(row['opaque'] or 0):08x}{safe_text(extra)}\n"
+                )
+
+    try:
+        for rec in _read(args, stats):
+            batch.add(rec)
+            if batch.rows >= 20_000:
+                flush(batch)
+                batch = FrameColumns()
+        flush(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    bad = _report_files(stats)
+    if args.parquet or args.csv:
+        sys.stderr.write(f"wrote {shown} rows to {args.parquet or args.csv}\n")
+    return 1 if bad == len(stats.files) and bad else 0
+
+
+def _cmd_show(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    from .records import CaptureStats
+
+    stats = CaptureStats()
+    wanted = set(args.frame or [])
+    names = {n.upper() for n in args.opcode or []}
+    for rec in _read(args, stats):
+        ev = rec.event
+        if wanted and rec.number not in wanted:
+            continue
+        if args.conn is not None and rec.conn != args.conn:
+            continue
+        if names and (ev.type != "frame" or ev.name not in names):
+            continue
+        ts = rec.ts / 1e9
+        out.write(
+            f"== frame {rec.number}  conn {rec.conn} {rec.conn_label}  {rec.direction}  ts {ts:.6f}  packets {rec.packet_first}-{rec.packet}\n"
+        )
+        out.write(annotate(ev, context=rec.context, max_rows=None if args.max_rows == 0 else args.max_rows) + "\n\n")
+    _report_files(stats)
+    return 0
+
+
+def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    from collections import Counter
+
+    from .records import CaptureStats
+
+    stats = CaptureStats()
+    per_op: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    problems = 0
+    for rec in _read(args, stats):
+        ev = rec.event
+        kinds[ev.type] += 1
+        if ev.type == "frame":
+            d = dissect(ev, rec.context)
+            per_op[f"{d.name} {d.role}"] += 1
+            problems += len(d.problems)
+    from . import spec
+
+    lines = ["files:"]
+    for path, info in stats.files.items():
+        state = info["error"] or f"{info['format']}, {info['packets']} packets" + (
+            f"; {'; '.join(info['problems'])}" if info["problems"] else ""
+        )  # type: ignore[arg-type]
+        lines.append(f"  {path}: {state}")
+    lines.append(f"events: {dict(kinds)}; problems on frames: {problems}")
+    if any(stats.skipped.values()):
+        lines.append("skipped packets: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped.items()) if v))
+    lines.append("connections:")
+    for conn in stats.connections:
+        st = stats.states.get(conn.id)
+        lines.append(
+            f"  {conn.id}: {conn.label}  ({'TLS, not decoded' if conn.tls else 'memcached binary'}; roles from {conn.role_source}; {conn.packets} packets; {conn.lost} bytes lost)"
+        )
+        if st is not None:
+            if st.features:
+                lines.append("     HELLO: " + ", ".join(spec.FEATURES.get(f, hex(f)) for f in st.features))
+            if st.sasl_mechanism:
+                lines.append(f"     SASL: {st.sasl_mechanism}")
+            if st.bucket:
+                lines.append(f"     bucket: {safe_text(st.bucket)}")
+            if st.open_flags is not None:
+                from .fields import flag_names
+
+                lines.append(
+                    f"     DCP_OPEN {safe_text(st.open_name)!r}: {flag_names(st.open_flags, spec.DCP_OPEN_FLAGS, {1: 'consumer'})}"
+                )
+            for k, v in st.controls.items():
+                lines.append(f"     control {safe_text(k)}={safe_text(v)}")
+    lines.append("frames per command:")
+    lines += [f"  {n:>8}  {name}" for name, n in per_op.most_common()]
+    out.write("\n".join(lines) + "\n")
+    return 1 if stats.files and all(info["error"] for info in stats.files.values()) else 0
+
+
+def _capture_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("captures", nargs="+", help="pcap or pcapng files (read in order as one capture)")
+    p.add_argument("--port", type=int, action="append", help="server port(s) carrying memcached binary (default 11210, 11209, 11211)")
+    p.add_argument("--no-detect", action="store_true", help="do not detect the protocol on other ports")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     p = argparse.ArgumentParser(prog="dcpinspect", description="Inspect DCP and memcached binary protocol traffic.")
@@ -161,6 +378,25 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("examples", help="annotate the packets drawn in the seed documents")
     e.add_argument("names", nargs="*", help="example names (default: all)")
     e.set_defaults(func=_cmd_examples)
+    fr = sub.add_parser("frames", help="the frames table of captures (text, JSON lines, parquet or CSV)")
+    _capture_args(fr)
+    g = fr.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true", help="one JSON object per line per frame")
+    g.add_argument("--parquet", metavar="OUT", help="write the table as parquet")
+    g.add_argument("--csv", metavar="OUT", help="write the table as CSV")
+    fr.add_argument("--filter", metavar="EXPR", help="a pandas query over the columns, e.g. \"name == 'DCP_MUTATION' and vbucket == 3\"")
+    fr.set_defaults(func=_cmd_frames)
+    sh = sub.add_parser("show", help="annotated byte tables of selected frames of a capture")
+    _capture_args(sh)
+    sh.add_argument("--frame", type=int, action="append", help="frame number (repeatable)")
+    sh.add_argument("--conn", type=int, help="connection number")
+    sh.add_argument("--opcode", action="append", help="command name, e.g. DCP_STREAM_REQ (repeatable)")
+    sh.add_argument("--reveal-secrets", action="store_true", help="show SASL secrets")
+    sh.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="grid rows before long frames are elided (0: never)")
+    sh.set_defaults(func=_cmd_show)
+    sm = sub.add_parser("summary", help="connections, negotiated features, per-command counts, bytes lost, problems")
+    _capture_args(sm)
+    sm.set_defaults(func=_cmd_summary)
     return p
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from . import spec
@@ -170,6 +170,7 @@ def read_records(
     detect: bool = True,
     stats: CaptureStats | None = None,
     reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
 ) -> Iterator[Record]:
     """Records of one or more capture files, read in order as one capture (rotated files join up).
 
@@ -190,6 +191,8 @@ def read_records(
             try:
                 for pkt in reader:
                     st.packets += 1
+                    if progress is not None and not pkt.number % 1024:
+                        progress(str(path), pkt.offset)
                     seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
                     if seg is not None:
                         yield seg

@@ -1,0 +1,193 @@
+"""The frames table: its columns (defined once) and a column-by-column builder (pure).
+
+Every consumer - pandas, parquet, CSV, JSON lines, Spark - takes its schema
+from :data:`FRAME_COLUMNS`.  :class:`FrameColumns` fills plain Python lists
+column by column from records (never a list of per-frame dicts); ``tables.py``
+turns them into one Arrow table.
+
+uint64 convention: CAS, vbucket UUIDs and seqnos (``end seqno`` is often
+2^64-1) are unsigned 64-bit.  They stay ``uint64`` in Arrow and parquet,
+become pandas' nullable ``UInt64``, print as JSON numbers, and (Spark has no
+unsigned types) become ``decimal(20,0)`` there.  Missing values are nulls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .dissect import Dissection, dissect
+from .records import Record
+
+__all__ = ["FRAME_COLUMNS", "JSON_COLUMNS", "FrameColumns"]
+
+#: (name, Arrow type, description) - the one definition of the frames table
+FRAME_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("file", "string", "capture file"),
+    ("frame", "int64", "record number in the capture (1-based, in order of completion)"),
+    ("conn_id", "int32", "connection number"),
+    ("conn", "string", "client ip:port -> server ip:port"),
+    ("dir", "string", "c2s (client to server) or s2c"),
+    ("ts", "timestamp[ns]", "time of the packet that completed the frame (UTC)"),
+    ("ts_first", "timestamp[ns]", "time of the packet the frame started in"),
+    ("packet", "int64", "packet that completed the frame"),
+    ("packet_first", "int64", "packet the frame started in"),
+    ("type", "string", "frame, garbage, truncated or gap"),
+    ("offset", "int64", "position in its direction's byte stream"),
+    ("length", "int64", "bytes"),
+    ("magic", "uint8", "magic byte"),
+    ("opcode", "uint8", "opcode"),
+    ("name", "string", "command name (DCP_MUTATION, unknown 0xNN)"),
+    ("role", "string", "request or response (from the magic, not the direction)"),
+    ("vbucket", "uint16", "vbucket (requests)"),
+    ("status", "uint16", "status (responses)"),
+    ("status_name", "string", "status name"),
+    ("opaque", "uint32", "opaque as the docs show it (big-endian integer)"),
+    ("cas", "uint64", "CAS"),
+    ("datatype", "uint8", "datatype bits"),
+    ("key", "string", "key text (collection id split out when negotiated)"),
+    ("cid", "uint32", "collection id (when collections were negotiated)"),
+    ("stream_id", "uint16", "DCP stream id (flexible framing)"),
+    ("seqno", "uint64", "the item's seqno: by seqno, seqno-advanced, commit/abort/prepared seqno"),
+    ("rev_seqno", "uint64", "rev seqno"),
+    ("snap_start", "uint64", "snapshot marker start seqno"),
+    ("snap_end", "uint64", "snapshot marker end seqno"),
+    ("snap_flags", "uint32", "snapshot marker flags"),
+    ("stream_end_status", "uint32", "DCP_STREAM_END status"),
+    ("req_flags", "uint32", "stream request flags"),
+    ("req_start", "uint64", "stream request start seqno"),
+    ("req_end", "uint64", "stream request end seqno"),
+    ("req_vb_uuid", "uint64", "stream request vbucket UUID"),
+    ("req_snap_start", "uint64", "stream request snapshot start"),
+    ("req_snap_end", "uint64", "stream request snapshot end"),
+    ("failover_entries", "int32", "failover-log entries in a response"),
+    ("rollback_seqno", "uint64", "rollback seqno of a 0x23 stream-request response"),
+    ("buffer_bytes", "uint32", "DCP_BUFFER_ACKNOWLEDGEMENT bytes"),
+    ("body_length", "uint32", "declared total body length"),
+    ("value_length", "uint32", "value bytes"),
+    ("problems", "list<string>", "protocol problems (and the reason for garbage/truncated/gap)"),
+)
+COLUMN_NAMES = tuple(c[0] for c in FRAME_COLUMNS)
+#: the columns of ``dcpinspect frames --json`` (one object per line)
+JSON_COLUMNS = (
+    "file",
+    "conn",
+    "dir",
+    "ts",
+    "frame",
+    "magic",
+    "opcode",
+    "name",
+    "vbucket",
+    "status",
+    "opaque",
+    "cas",
+    "key",
+    "cid",
+    "seqno",
+    "stream_id",
+    "problems",
+)
+
+_SEQNO_FIELD = {
+    0x57: "by_seqno",
+    0x58: "by_seqno",
+    0x59: "by_seqno",
+    0x5F: "by_seqno",
+    0x60: "by_seqno",
+    0x61: "prepared_seqno",
+    0x62: "commit_seqno",
+    0x63: "abort_seqno",
+    0x64: "seqno",
+}
+
+
+class FrameColumns:
+    """Column lists for the frames table, appended to one record at a time."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {name: [] for name in COLUMN_NAMES}
+        self.rows = 0
+
+    def add(self, rec: Record, d: Dissection | None = None) -> None:
+        """Append one record (a frame is dissected with its connection's context)."""
+        c = self.cols
+        ev = rec.event
+        self.rows += 1
+        c["file"].append(rec.file)
+        c["frame"].append(rec.number)
+        c["conn_id"].append(rec.conn)
+        c["conn"].append(rec.conn_label)
+        c["dir"].append(rec.direction)
+        c["ts"].append(rec.ts)
+        c["ts_first"].append(rec.ts_first)
+        c["packet"].append(rec.packet)
+        c["packet_first"].append(rec.packet_first)
+        c["type"].append(ev.type)
+        c["offset"].append(ev.offset)
+        c["length"].append(ev.length)
+        if ev.type != "frame":
+            for name in COLUMN_NAMES[12:-1]:
+                c[name].append(None)
+            c["problems"].append([] if ev.type == "gap" else [ev.reason])  # type: ignore[union-attr]
+            if ev.type == "gap":
+                c["problems"][-1] = [f"{ev.length} bytes missing from the capture"]
+            return
+        if d is None:
+            d = dissect(ev, rec.context)  # type: ignore[arg-type]
+        fr = d.frame
+        h = fr.header
+        mcbp = fr.dialect == "mcbp"
+        response = fr.is_response
+        c["magic"].append(h[0] if mcbp else None)
+        c["opcode"].append(fr.opcode)
+        c["name"].append(d.name)
+        c["role"].append(d.role)
+        c["vbucket"].append(None if response or not mcbp else h[5])
+        status = h[5] if response and mcbp else None
+        c["status"].append(status)
+        c["status_name"].append(None if status is None else _status_name(status))
+        c["opaque"].append(fr.opaque)
+        c["cas"].append(h[8] if mcbp else None)
+        c["datatype"].append(h[4] if mcbp else None)
+        c["key"].append(d.key_text if d.key else None)
+        c["cid"].append(d.cid)
+        c["stream_id"].append(d.stream_id)
+        ext = d.extras
+        body = d.body
+        op = fr.opcode if mcbp else -1
+        seq_field = _SEQNO_FIELD.get(op)
+        c["seqno"].append(ext.get(seq_field) if seq_field else None)
+        c["rev_seqno"].append(ext.get("rev_seqno"))
+        marker = op == 0x56 and not response
+        src = ext if "start_seqno" in ext else body
+        c["snap_start"].append(src.get("start_seqno") if marker else None)
+        c["snap_end"].append(src.get("end_seqno") if marker else None)
+        c["snap_flags"].append(src.get("flags") if marker else None)
+        c["stream_end_status"].append(ext.get("status") if op == 0x55 else None)
+        req = op == 0x53 and not response
+        c["req_flags"].append(ext.get("flags") if req else None)
+        c["req_start"].append(ext.get("start_seqno") if req else None)
+        c["req_end"].append(ext.get("end_seqno") if req else None)
+        c["req_vb_uuid"].append(ext.get("vb_uuid") if req else None)
+        c["req_snap_start"].append(ext.get("snap_start_seqno") if req else None)
+        c["req_snap_end"].append(ext.get("snap_end_seqno") if req else None)
+        log = body.get("failover_log")
+        c["failover_entries"].append(len(log) if isinstance(log, list) and response else None)
+        c["rollback_seqno"].append(body.get("rollback_seqno") if op == 0x53 and response else None)
+        c["buffer_bytes"].append(ext.get("buffer_bytes") if op == 0x5D else None)
+        c["body_length"].append(fr.body_length)
+        c["value_length"].append(len(fr.value) if mcbp else None)
+        c["problems"].append([p.message for p in d.problems])
+
+    def extend(self, records: Iterable[Record]) -> FrameColumns:
+        """Append many records."""
+        for r in records:
+            self.add(r)
+        return self
+
+
+def _status_name(status: int) -> str:
+    from .spec import STATUS
+
+    return STATUS.get(status, f"unknown 0x{status:04x}")
