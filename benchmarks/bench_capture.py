@@ -1,0 +1,204 @@
+"""Capture -> frames: dcpinspect against tshark on the same generated capture.
+
+    python benchmarks/bench_capture.py [--frames 1000000] [--big] [--keep DIR]
+
+Writes a pcap of N DCP_MUTATION frames (several connections, interleaved,
+TCP segments cut every 1448 bytes without regard to frame boundaries), then
+measures in one run:
+
+* tshark ``-T fields -e couchbase.opcode -e couchbase.vbucket`` with TCP
+  desegmentation (Wireshark's couchbase dissector) - frames/s;
+* ``dcpinspect.tables.frames_table`` (every column of the frames table) -
+  frames/s and the ratio to tshark (target >= 15x);
+* the streaming record iterator alone (``read_records``) - frames/s;
+* peak RSS of the streaming path in a child process, for this capture and
+  (``--big``) one five times larger: it should stay flat.
+
+A benchmark, not a test: it prints and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dcpinspect import encode
+
+MSS = 1448
+CONNS = 4
+
+
+def _ip_checksum(hdr: bytes) -> int:
+    s = sum(struct.unpack(">10H", hdr))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def write_capture(path: Path, frames: int, seed: int = 7) -> int:
+    """Write ``frames`` mutations over CONNS connections; return the bytes of DCP payload."""
+    templates = []
+    for i in range(256):
+        key = f"doc-{i:06d}"
+        value = (b'{"type":"beer","name":"n%d","abv":%d.%d}' % (i, i % 13, i % 10)) * (1 + i % 4)
+        templates.append(
+            encode(
+                "DCP_MUTATION",
+                extras={"by_seqno": 1, "rev_seqno": 1},
+                key=key,
+                value=value,
+                datatype=1,
+                vbucket=i % 64,
+                opaque=0x1000 + i % CONNS,
+                cas=0x17A0C5E8F2B40000 + i,
+            )
+        )
+    streams = [bytearray() for _ in range(CONNS)]
+    for n in range(frames):
+        t = bytearray(templates[n % 256])
+        t[24:32] = (n + 1).to_bytes(8, "big")
+        streams[n % CONNS] += t
+    total = sum(len(s) for s in streams)
+    with path.open("wb") as fh:
+        fh.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        seqs = [1000 + 7919 * c for c in range(CONNS)]
+        offs = [0] * CONNS
+        ts = 1_700_000_000_000_000
+        eth = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01\x08\x00"
+
+        def packet(c: int, flags: int, payload: bytes) -> None:
+            nonlocal ts
+            ts += 10
+            ip = struct.pack(
+                ">BBHHHBBH4s4s", 0x45, 0, 20 + 20 + len(payload), 0, 0x4000, 64, 6, 0, bytes([10, 0, 0, 2]), bytes([10, 0, c + 1, 1])
+            )
+            ip = ip[:10] + struct.pack(">H", _ip_checksum(ip)) + ip[12:]
+            tcp = struct.pack(">HHIIBBHHH", 11210, 40000 + c, seqs[c] & 0xFFFFFFFF, 1, 0x50, flags, 65535, 0, 0)
+            frame = eth + ip + tcp + payload
+            fh.write(struct.pack("<IIII", ts // 1_000_000, ts % 1_000_000, len(frame), len(frame)) + frame)
+            seqs[c] += len(payload)
+
+        active = list(range(CONNS))
+        while active:
+            for c in list(active):
+                chunk = bytes(streams[c][offs[c] : offs[c] + MSS])
+                if not chunk:
+                    active.remove(c)
+                    continue
+                offs[c] += len(chunk)
+                packet(c, 0x18, chunk)
+    return total
+
+
+def time_tshark(path: Path) -> tuple[float, int] | None:
+    exe = shutil.which("tshark")
+    if exe is None:
+        return None
+    cmd = [
+        exe,
+        "-r",
+        str(path),
+        "-o",
+        "tcp.desegment_tcp_streams:TRUE",
+        "-d",
+        "tcp.port==11210,couchbase",
+        "-T",
+        "fields",
+        "-e",
+        "couchbase.opcode",
+        "-e",
+        "couchbase.vbucket",
+        "-E",
+        "occurrence=a",
+    ]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    dt = time.perf_counter() - t
+    pdus = sum(len(line.split("\t")[0].split(",")) for line in proc.stdout.splitlines() if line.split("\t")[0])
+    return dt, pdus
+
+
+def time_table(path: Path) -> tuple[float, int]:
+    from dcpinspect.tables import frames_table
+
+    t = time.perf_counter()
+    table = frames_table(str(path))
+    return time.perf_counter() - t, table.num_rows
+
+
+def time_stream(path: Path) -> tuple[float, int]:
+    from dcpinspect.records import read_records
+
+    t = time.perf_counter()
+    n = sum(1 for _ in read_records([str(path)]))
+    return time.perf_counter() - t, n
+
+
+def child_rss(path: Path) -> float:
+    # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into a forked child
+    code = (
+        "import sys\n"
+        "from dcpinspect.records import read_records\n"
+        "n=sum(1 for _ in read_records([sys.argv[1]]))\n"
+        "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+        "print(n, hwm)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout.split()
+    return int(out[1]) / 1024
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--frames", type=int, default=1_000_000)
+    p.add_argument("--quick", action="store_true", help="100,000 frames")
+    p.add_argument("--big", action="store_true", help="also measure RSS on a capture 5x larger")
+    p.add_argument("--keep", help="write the captures here and keep them")
+    args = p.parse_args()
+    n = 100_000 if args.quick else args.frames
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dcpinspect-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        cap = work / "mutations.pcap"
+        t = time.perf_counter()
+        payload = write_capture(cap, n)
+        print(
+            f"capture: {n:,} mutations, {CONNS} connections, {cap.stat().st_size / 2**20:.0f} MiB ({payload / 2**20:.0f} MiB of DCP), written in {time.perf_counter() - t:.1f}s"
+        )
+        ts = time_tshark(cap)
+        table = time_table(cap)
+        stream = time_stream(cap)
+        rows = []
+        if ts is not None:
+            rows.append(("tshark -T fields (opcode, vbucket)", ts[1], ts[0]))
+        rows.append(("dcpinspect frames table (all columns)", table[1], table[0]))
+        rows.append(("dcpinspect streaming records", stream[1], stream[0]))
+        print(f"{'measurement':<40} {'frames':>10} {'seconds':>9} {'frames/s':>12}  vs tshark")
+        for label, count, dt in rows:
+            ratio = f"{(count / dt) / (ts[1] / ts[0]):.1f}x" if ts and ts[1] else "-"
+            print(f"{label:<40} {count:>10,} {dt:>9.2f} {count / dt:>12,.0f}  {ratio}")
+        print("target: frames table >= 15x tshark's frames/s")
+        rss = child_rss(cap)
+        print(f"peak RSS, streaming path: {rss:.0f} MiB for {cap.stat().st_size / 2**20:.0f} MiB")
+        if args.big:
+            big = work / "mutations-5x.pcap"
+            write_capture(big, 5 * n)
+            print(f"peak RSS, streaming path: {child_rss(big):.0f} MiB for {big.stat().st_size / 2**20:.0f} MiB")
+        print(f"this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (holds the frames table)")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
