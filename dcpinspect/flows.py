@@ -48,6 +48,7 @@ DEFAULT_SERVER_PORTS = frozenset((11210, 11209, 11211))
 TLS_PORTS = frozenset((11207,))
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
 MAX_PENDING = 4 * 1024 * 1024  # out-of-order bytes held per direction before a hole becomes a gap
+MAX_PENDING_SEGMENTS = 4096  # ... and out-of-order segments (many tiny ones cost more than their bytes)
 RECENT = 256 * 1024  # delivered bytes kept per direction to compare overlapping retransmissions
 _SESSION_OPCODES = frozenset((0x1F, 0x20, 0x21, 0x50, 0x89))  # HELLO, SASL, DCP_OPEN, SELECT_BUCKET
 
@@ -191,7 +192,7 @@ class HalfStream:
                     self.pending_bytes -= len(old[0])
                 self.pending[seq] = (data, missing, ts, packet)
                 self.pending_bytes += len(data)
-            if self.pending_bytes > MAX_PENDING:
+            if self.pending_bytes > MAX_PENDING or len(self.pending) > MAX_PENDING_SEGMENTS:
                 self._skip_hole(ts, packet, out)
 
     def _take(self, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
@@ -251,6 +252,8 @@ class HalfStream:
         if self.base is None:
             self.base = self.next_seq = 0
         self._emit(self.decoder.close(), out)
+        self._arrivals = []  # a finished direction keeps only its counters
+        self._recent = bytearray()
 
 
 @dataclass(eq=False)

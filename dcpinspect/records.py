@@ -76,6 +76,8 @@ class ConnState:
                 self.sasl_mechanism = key.decode("utf-8", "replace")
             else:
                 self._pending[(direction, op, frame.opaque)] = True
+            if len(self._pending) > 1024:  # requests never answered: forget the oldest
+                del self._pending[next(iter(self._pending))]
         elif magic in (0x81, 0x18) and op in (0x1F, 0x50, 0x5E, 0x89):
             other = "c2s" if direction == "s2c" else "s2c"
             req = self._pending.pop((other, op, frame.opaque), None)
