@@ -129,9 +129,7 @@ class FrameColumns:
         if ev.type != "frame":
             for name in COLUMN_NAMES[12:-1]:
                 c[name].append(None)
-            c["problems"].append([] if ev.type == "gap" else [ev.reason])  # type: ignore[union-attr]
-            if ev.type == "gap":
-                c["problems"][-1] = [f"{ev.length} bytes missing from the capture"]
+            c["problems"].append([f"{ev.length} bytes missing from the capture" if ev.type == "gap" else ev.reason])  # type: ignore[union-attr]
             return
         if d is None:
             d = dissect(ev, rec.context)  # type: ignore[arg-type]

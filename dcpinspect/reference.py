@@ -115,6 +115,15 @@ def reference_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _layout_table(fields: tuple[Field, ...]) -> list[str]:
+    rows = []
+    off = 0
+    for f in fields:
+        rows.append([str(off), str(f.size), f.label, f.name])
+        off += f.size or 0
+    return _md_table(["offset", "size", "label", "field"], rows)
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -136,20 +145,8 @@ def reference_markdown() -> str:
     for (alt, resp), layout in spec.HEADER_LAYOUTS.items():
         magics = [f"0x{m:02x}" for m in spec.MAGICS if (m in spec.ALT_MAGICS) == alt and (m in spec.RESPONSE_MAGICS) == resp]
         lines.append(f"**{'alt' if alt else 'classic'} {'response' if resp else 'request'}** (magic {', '.join(magics)}):")
-        lines.append("")
-        off = 0
-        rows = []
-        for f in layout:
-            rows.append([str(off), str(f.size), f.label, f.name])
-            off += f.size or 0
-        lines += [*_md_table(["offset", "size", "label", "field"], rows), ""]
-    lines += ["**UPR draft header** (12 bytes):", ""]
-    off = 0
-    urows = []
-    for f in UPR_HEADER:
-        urows.append([str(off), str(f.size), f.label, f.name])
-        off += f.size or 0
-    lines += [*_md_table(["offset", "size", "label", "field"], urows), ""]
+        lines += ["", *_layout_table(layout), ""]
+    lines += ["**UPR draft header** (12 bytes):", "", *_layout_table(UPR_HEADER), ""]
     for title, table in (
         ("Magic bytes", {f"0x{k:02x}": v for k, v in spec.MAGICS.items()}),
         ("Datatype bits", {f"0x{k:02x}": v for k, v in spec.DATATYPE.items()}),
