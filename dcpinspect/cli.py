@@ -317,7 +317,7 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     for path, info in stats.files.items():
         state = info["error"] or f"{info['format']}, {info['packets']} packets" + (
             f"; {'; '.join(info['problems'])}" if info["problems"] else ""
-        )  # type: ignore[arg-type]
+        )
         lines.append(f"  {path}: {state}")
     lines.append(f"events: {dict(kinds)}; problems on frames: {problems}")
     if any(stats.skipped.values()):

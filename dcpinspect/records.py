@@ -16,6 +16,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import spec
 from .decoder import DEFAULT_MAX_BODY, Event, Frame
@@ -103,7 +104,7 @@ class ConnState:
 class CaptureStats:
     """What a read saw besides frames: per-file problems, skipped packets, connections."""
 
-    files: dict[str, dict[str, object]] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: Counter[str] = field(default_factory=Counter)
     connections: list[Connection] = field(default_factory=list)
     states: dict[int, ConnState] = field(default_factory=dict)
@@ -188,7 +189,7 @@ def read_records(
     def segments() -> Iterator[Segment]:
         for path in paths:
             reader = CaptureReader(str(path))
-            info: dict[str, object] = {"format": None, "packets": 0, "problems": [], "error": None}
+            info: dict[str, Any] = {"format": None, "packets": 0, "problems": [], "error": None}
             st.files[str(path)] = info
             try:
                 for pkt in reader:
