@@ -55,7 +55,8 @@ class RawPacket:
 class _Iface:
     linktype: int
     snaplen: int
-    ns_per_tick: float = 1_000.0  # default if_tsresol = 6 (microseconds)
+    ns_mul: int = 1_000  # ns = ticks * ns_mul // ns_div (integers: no float rounding); default 10^-6 s
+    ns_div: int = 1
 
 
 @dataclass
@@ -155,7 +156,7 @@ class CaptureReader:
                     self._problem(offset, "corrupt section header block; reading stopped")
                     return
                 btype, blen = struct.unpack(endian + "II", h)
-                body = bom + fh.read(max(0, blen - 12))
+                body = bom + fh.read(max(0, blen - 16))
                 ifaces = []
             else:
                 btype, blen = struct.unpack(endian + "II", h)
@@ -195,7 +196,7 @@ class CaptureReader:
                     iface.linktype,
                     body[20 : 20 + caplen],
                     max(wirelen, caplen),
-                    int(((tsh << 32) | tsl) * iface.ns_per_tick),
+                    ((tsh << 32) | tsl) * iface.ns_mul // iface.ns_div,
                     self.packets,
                     offset,
                 )
@@ -216,6 +217,10 @@ class CaptureReader:
             value = opts[pos + 4 : pos + 4 + length]
             if code == 9 and length >= 1:  # if_tsresol
                 r = value[0]
-                seconds_per_tick = 2.0 ** -(r & 0x7F) if r & 0x80 else 10.0 ** -(r & 0x7F)
-                iface.ns_per_tick = seconds_per_tick * 1e9
+                if r & 0x80:  # 2^-n seconds per tick
+                    iface.ns_mul, iface.ns_div = 1_000_000_000, 1 << (r & 0x7F)
+                elif (r & 0x7F) <= 9:  # 10^-n
+                    iface.ns_mul, iface.ns_div = 10 ** (9 - r), 1
+                else:
+                    iface.ns_mul, iface.ns_div = 1, 10 ** ((r & 0x7F) - 9)
             pos += 4 + length + (-length % 4)
