@@ -367,9 +367,12 @@ class Reassembler:
             if half.next_seq is None:
                 half.next_seq = half.base = seq + 1 + (1 << 32)
             seq += 1
-        if conn.tls:
+        if conn.tls:  # encrypted: counted, never decoded
             half.segments += 1
-        elif seg.payload or seg.missing:
+            half.bytes += len(seg.payload)
+            conn.closed = conn.closed or bool(seg.flags & (FIN | RST))
+            return out
+        if seg.payload or seg.missing:
             half.push(half.extend(seq & 0xFFFFFFFF), seg.payload, seg.missing, seg.ts, seg.packet, raw_out)
         if seg.flags & FIN and half.next_seq is not None:
             half.fin_seq = half.extend((seq + len(seg.payload) + seg.missing) & 0xFFFFFFFF)
@@ -428,7 +431,7 @@ class Reassembler:
 
     def _close(self, conn: Connection, ts: int, packet: int) -> list[FlowEvent]:
         out: list[FlowEvent] = []
-        for d, half in conn.halves.items():
+        for d, half in conn.halves.items() if not conn.tls else ():
             raw: list[tuple[Event, int, int, int, int]] = []
             half.finish(ts, packet, raw)
             out += [FlowEvent(conn, d, *r) for r in raw]
