@@ -23,7 +23,6 @@ import argparse
 import os
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,20 +30,14 @@ import time
 from pathlib import Path
 
 from dcpinspect import encode
+from dcpinspect.pcapwrite import PcapWriter, TcpConversation
 
 MSS = 1448
 CONNS = 4
 
 
-def _ip_checksum(hdr: bytes) -> int:
-    s = sum(struct.unpack(">10H", hdr))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
-
-
-def write_capture(path: Path, frames: int, seed: int = 7) -> int:
-    """Write ``frames`` mutations over CONNS connections; return the bytes of DCP payload."""
+def write_capture(path: Path, frames: int) -> int:
+    """Write ``frames`` mutations over CONNS interleaved connections; return the bytes of DCP payload."""
     templates = []
     for i in range(256):
         key = f"doc-{i:06d}"
@@ -66,36 +59,25 @@ def write_capture(path: Path, frames: int, seed: int = 7) -> int:
         t = bytearray(templates[n % 256])
         t[24:32] = (n + 1).to_bytes(8, "big")
         streams[n % CONNS] += t
-    total = sum(len(s) for s in streams)
-    with path.open("wb") as fh:
-        fh.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        seqs = [1000 + 7919 * c for c in range(CONNS)]
+    ts = 1_700_000_000_000_000_000
+    with PcapWriter(path) as w:
+        convs = [TcpConversation(w, (f"10.0.{c}.1", 40000 + c), ("10.0.0.2", 11210), mss=MSS) for c in range(CONNS)]
+        for conv in convs:
+            conv.open(ts)
+            ts += 10_000
         offs = [0] * CONNS
-        ts = 1_700_000_000_000_000
-        eth = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01\x08\x00"
-
-        def packet(c: int, flags: int, payload: bytes) -> None:
-            nonlocal ts
-            ts += 10
-            ip = struct.pack(
-                ">BBHHHBBH4s4s", 0x45, 0, 20 + 20 + len(payload), 0, 0x4000, 64, 6, 0, bytes([10, 0, 0, 2]), bytes([10, 0, c + 1, 1])
-            )
-            ip = ip[:10] + struct.pack(">H", _ip_checksum(ip)) + ip[12:]
-            tcp = struct.pack(">HHIIBBHHH", 11210, 40000 + c, seqs[c] & 0xFFFFFFFF, 1, 0x50, flags, 65535, 0, 0)
-            frame = eth + ip + tcp + payload
-            fh.write(struct.pack("<IIII", ts // 1_000_000, ts % 1_000_000, len(frame), len(frame)) + frame)
-            seqs[c] += len(payload)
-
         active = list(range(CONNS))
-        while active:
+        while active:  # interleave the connections segment by segment
             for c in list(active):
                 chunk = bytes(streams[c][offs[c] : offs[c] + MSS])
                 if not chunk:
                     active.remove(c)
                     continue
                 offs[c] += len(chunk)
-                packet(c, 0x18, chunk)
-    return total
+                ts = convs[c].send("s2c", chunk, ts)
+        for conv in convs:
+            conv.close(ts)
+    return sum(len(s) for s in streams)
 
 
 def time_tshark(path: Path) -> tuple[float, int] | None:
