@@ -16,7 +16,7 @@ guessed and no context rule is checked.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,8 @@ from .flatbuf import read_table
 from .spec_upr import UPR_BODIES, UPR_HEADER, UPR_HEADER_SIZE
 
 __all__ = [
+    "DEFAULT_CONTEXT",
+    "INT_KINDS",
     "DissectContext",
     "Dissection",
     "FieldValue",
@@ -1268,13 +1270,3 @@ def _expand_block(
 
 #: field kinds rendered as zero-padded hex integers
 INT_KINDS = frozenset(("uint", "int", "flags", "enum", HEX, "leb128"))
-
-
-def context_from(mapping: Mapping[str, Any] | None) -> DissectContext:
-    """Build a context from a plain mapping (CLI / JSON options)."""
-    if not mapping:
-        return DEFAULT_CONTEXT
-    return DissectContext(**{k: v for k, v in mapping.items() if v is not None})
-
-
-__all__ += ["DEFAULT_CONTEXT", "INT_KINDS", "context_from"]

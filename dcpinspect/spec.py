@@ -11,27 +11,33 @@ from __future__ import annotations
 
 import struct
 
-from .fields import BYTES, ENUM, FLAGS, HEX, INT, TEXT, UINT, Command, Field, Group, Variant
+from .fields import ENUM, FLAGS, HEX, INT, UINT, Command, Field, Group, Variant
 
 __all__ = [
     "ALT_HEADER",
     "ALT_MAGICS",
+    "CACHE_RECORD_HEADER",
     "CLASSIC_HEADER",
     "COMMANDS",
     "CONTROL_KEYS",
     "DATATYPE",
     "DCP_OPEN_FLAGS",
+    "ERROR",
     "FEATURES",
+    "FLATBUFFER_TABLES",
     "HEADER",
     "HEADER_SIZE",
     "MAGICS",
+    "OPCODES",
     "REQUEST_FRAME_INFOS",
     "RESPONSE_FRAME_INFOS",
     "RESPONSE_MAGICS",
     "STATUS",
+    "STATUS_ONLY",
     "STREAM_END_STATUS",
     "STREAM_REQ_FLAGS",
     "command",
+    "opcode_name",
 ]
 
 # ---------------------------------------------------------------------------
@@ -377,10 +383,6 @@ STATUS_ONLY = Variant(doc="status only")
 #: any non-success response without a variant of its own: an error body
 ERROR = Variant("error", any_extras=True, key="any", value="error", doc="error response: optional JSON or text context")
 NO_BODY_CAS0 = Variant(cas="zero")
-
-
-def _resp_success(*variants: Variant) -> tuple[Variant, ...]:
-    return variants
 
 
 def _store(name: str, opcode: int, quiet: bool = False) -> Command:
@@ -904,8 +906,6 @@ FLATBUFFER_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "DroppedScope": (("uid", "u64"), ("scopeId", "u32"), ("systemScope", "bool")),
 }
 
-__all__ += ["CACHE_RECORD_HEADER", "ERROR", "FLATBUFFER_TABLES", "OPCODES", "STATUS_ONLY"]
-
 
 def command(opcode: int) -> Command | None:
     """The table entry for ``opcode`` (``None`` for an unknown opcode)."""
@@ -916,6 +916,3 @@ def opcode_name(opcode: int) -> str:
     """``DCP_STREAM_REQ`` for 0x53; ``unknown 0xNN`` for opcodes not in the table."""
     cmd = COMMANDS.get(opcode)
     return cmd.name if cmd is not None else f"unknown 0x{opcode:02x}"
-
-
-__all__ += ["BYTES", "TEXT", "opcode_name"]
