@@ -134,18 +134,19 @@ class FrameColumns:
         if d is None:
             d = dissect(ev, rec.context)  # type: ignore[arg-type]
         fr = d.frame
-        h = fr.header
+        h = fr.header  # unpacked once: the Frame properties would unpack it again each
         mcbp = fr.dialect == "mcbp"
-        response = fr.is_response
+        response = d.role == "response"
+        op = h[1] if mcbp else h[0]
         c["magic"].append(h[0] if mcbp else None)
-        c["opcode"].append(fr.opcode)
+        c["opcode"].append(op)
         c["name"].append(d.name)
         c["role"].append(d.role)
         c["vbucket"].append(None if response or not mcbp else h[5])
         status = h[5] if response and mcbp else None
         c["status"].append(status)
         c["status_name"].append(None if status is None else _status_name(status))
-        c["opaque"].append(fr.opaque)
+        c["opaque"].append(h[7] if mcbp else h[2])
         c["cas"].append(h[8] if mcbp else None)
         c["datatype"].append(h[4] if mcbp else None)
         c["key"].append(d.key_text if d.key else None)
@@ -153,7 +154,8 @@ class FrameColumns:
         c["stream_id"].append(d.stream_id)
         ext = d.extras
         body = d.body
-        op = fr.opcode if mcbp else -1
+        if not mcbp:
+            op = -1
         seq_field = _SEQNO_FIELD.get(op)
         c["seqno"].append(ext.get(seq_field) if seq_field else None)
         c["rev_seqno"].append(ext.get("rev_seqno"))
@@ -174,8 +176,14 @@ class FrameColumns:
         c["failover_entries"].append(len(log) if isinstance(log, list) and response else None)
         c["rollback_seqno"].append(body.get("rollback_seqno") if op == 0x53 and response else None)
         c["buffer_bytes"].append(ext.get("buffer_bytes") if op == 0x5D else None)
-        c["body_length"].append(fr.body_length)
-        c["value_length"].append(len(fr.value) if mcbp else None)
+        if mcbp:
+            alt = h[0] in (0x08, 0x18)
+            sections = ((h[2] >> 8) + (h[2] & 0xFF) if alt else h[2]) + h[3]
+            c["body_length"].append(h[6])
+            c["value_length"].append(h[6] - sections)
+        else:
+            c["body_length"].append(h[3])
+            c["value_length"].append(None)
         c["problems"].append([p.message for p in d.problems])
 
     def extend(self, records: Iterable[Record]) -> FrameColumns:
