@@ -326,7 +326,13 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     for conn in stats.connections:
         st = stats.states.get(conn.id)
         lines.append(
-            f"  {conn.id}: {conn.label}  ({'TLS, not decoded' if conn.tls else 'memcached binary'}; roles from {conn.role_source}; {conn.packets} packets; {conn.lost} bytes lost)"
+            f"  {conn.id}: {conn.label}  ({'TLS, not decoded' if conn.tls else 'memcached binary'}; roles from {conn.role_source}; {conn.packets} packets; {conn.lost} bytes lost"
+            + (
+                f"; {conflicts} retransmissions with different bytes"
+                if (conflicts := sum(h.conflicts for h in conn.halves.values()))
+                else ""
+            )
+            + ")"
         )
         if st is not None:
             if st.features:
