@@ -86,6 +86,7 @@ class FlowEvent:
     ts_last: int
     packet_first: int
     packet_last: int
+    file: str = ""  # the capture file of the packet that completed it
 
 
 class HalfStream:
@@ -321,6 +322,7 @@ class Reassembler:
         self._ignored: set[tuple[tuple[str, int], tuple[str, int]]] = set()
         self._last_ts = 0
         self._last_packet = 0
+        self._last_file = ""
 
     def _key(self, seg: Segment) -> tuple[tuple[str, int], tuple[str, int]]:
         a = (seg.src, seg.sport)
@@ -331,6 +333,7 @@ class Reassembler:
         """Take one segment; return the events it completed."""
         self._last_ts = seg.ts
         self._last_packet = seg.packet
+        self._last_file = seg.file
         key = self._key(seg)
         conn = self._live.get(key)
         out: list[FlowEvent] = []
@@ -378,7 +381,7 @@ class Reassembler:
             half.fin_seq = half.extend((seq + len(seg.payload) + seg.missing) & 0xFFFFFFFF)
         if half.fin_seq is not None and half.next_seq is not None and half.fin_seq <= half.next_seq and not half.pending:
             half.finish(seg.ts, seg.packet, raw_out)
-        out += [FlowEvent(conn, d, *r) for r in raw_out]
+        out += [FlowEvent(conn, d, *r, seg.file) for r in raw_out]
         if seg.flags & RST:
             out += self._close(conn, seg.ts, seg.packet)
         elif all(h.closed for h in conn.halves.values()) and len(conn.halves) == 2:
@@ -434,7 +437,7 @@ class Reassembler:
         for d, half in conn.halves.items() if not conn.tls else ():
             raw: list[tuple[Event, int, int, int, int]] = []
             half.finish(ts, packet, raw)
-            out += [FlowEvent(conn, d, *r) for r in raw]
+            out += [FlowEvent(conn, d, *r, self._last_file) for r in raw]
         conn.closed = True
         return out
 

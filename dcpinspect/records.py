@@ -143,7 +143,7 @@ def iter_records(
             ev = fe.event
             yield Record(
                 number,
-                conn.file,
+                fe.file or conn.file,
                 conn.id,
                 conn.label,
                 fe.direction,

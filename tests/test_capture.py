@@ -237,3 +237,29 @@ def test_tshark_stops_after_a_lost_segment_we_resync(tmp_path: Path) -> None:
     recs, _ = records(w.path)
     mine = [r for r in recs if r.event.type == "frame" and r.event.opcode == 0x57]  # type: ignore[attr-defined]
     assert len(mine) > len(theirs)  # a documented tshark defect: it cannot resync mid-PDU
+
+
+def _split_pcap(src: Path, at: int, a: Path, b: Path) -> None:
+    """Cut a pcap after ``at`` records into two files (a rotated capture)."""
+    data = src.read_bytes()
+    head, pos, n = data[:24], 24, 0
+    cut = None
+    while pos < len(data):
+        caplen = struct.unpack_from("<I", data, pos + 8)[0]
+        pos += 16 + caplen
+        n += 1
+        if n == at:
+            cut = pos
+    assert cut is not None
+    a.write_bytes(data[:cut])
+    b.write_bytes(head + data[cut:])
+
+
+def test_rotated_captures_join_up(tmp_path: Path) -> None:
+    w = write_capture(tmp_path / "whole.pcap", [Conn(msgs=dcp_conversation(40))], mss=400)
+    _split_pcap(w.path, w.packets // 2, tmp_path / "part1.pcap", tmp_path / "part2.pcap")
+    st = CaptureStats()
+    recs = list(read_records([str(tmp_path / "part1.pcap"), str(tmp_path / "part2.pcap")], stats=st))
+    assert ours(recs, 1, "s2c") == truth(w, 0, "s2c")
+    assert len(st.connections) == 1 and st.connections[0].lost == 0
+    assert {r.file for r in recs} == {str(tmp_path / "part1.pcap"), str(tmp_path / "part2.pcap")}  # the file that completed each
