@@ -104,6 +104,7 @@ class HalfStream:
         self.conflicts = 0  # overlapping retransmissions whose bytes differed
         self.bytes = 0  # bytes delivered
         self.segments = 0
+        self.after_close = 0  # payload bytes that arrived after the direction ended (ignored)
         self._recent = bytearray()  # the last delivered bytes, ending at next_seq
         self._arrivals: list[tuple[int, int, int]] = []  # (decoder offset where a delivered run starts, ts, packet)
 
@@ -165,6 +166,9 @@ class HalfStream:
     def push(self, seq: int, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
         """Take one segment's payload at absolute ``seq``."""
         self.segments += 1
+        if self.closed:  # after FIN/RST or a corrupt flag: nothing more is decoded here
+            self.after_close += len(data)
+            return
         if self.next_seq is None:
             self.next_seq = self.base = seq
         nxt = self.next_seq

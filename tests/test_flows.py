@@ -186,3 +186,16 @@ def test_timestamps_of_first_and_completing_packet() -> None:
     (fe,) = [e for e in events if e.event.type == "frame"]  # type: ignore[attr-defined]
     assert (fe.ts_first, fe.ts_last) == (segs[1].ts, segs[-1].ts)
     assert (fe.packet_first, fe.packet_last) == (segs[1].packet, segs[-1].packet)
+
+
+def test_data_after_the_direction_ended_is_counted_not_decoded() -> None:
+    a = encode("DCP_NOOP", opaque=1)
+    segs = [
+        Segment(0, *S, *C, 500, SYN | ACK),
+        Segment(1, *S, *C, 501, FIN | ACK, a),
+        Segment(2, *S, *C, 501 + len(a) + 1, ACK, a),  # a corrupt or hostile capture: data after FIN
+        Segment(3, *S, *C, 501 + len(a) + 1 + len(a), ACK, a),
+    ]
+    r, events = run(segs)
+    assert frames_of(events) == [a]
+    assert r.connections[0].halves["s2c"].after_close == 2 * len(a)
