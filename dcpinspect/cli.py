@@ -325,15 +325,19 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     lines.append("connections:")
     for conn in stats.connections:
         st = stats.states.get(conn.id)
-        lines.append(
-            f"  {conn.id}: {conn.label}  ({'TLS, not decoded' if conn.tls else 'memcached binary'}; roles from {conn.role_source}; {conn.packets} packets; {conn.lost} bytes lost"
-            + (
-                f"; {conflicts} retransmissions with different bytes"
-                if (conflicts := sum(h.conflicts for h in conn.halves.values()))
-                else ""
-            )
-            + ")"
-        )
+        notes = [
+            "TLS, not decoded" if conn.tls else "memcached binary",
+            f"roles from {conn.role_source}",
+            f"{conn.packets} packets",
+            f"{conn.lost} bytes lost",
+        ]
+        conflicts = sum(h.conflicts for h in conn.halves.values())
+        late = sum(h.after_close for h in conn.halves.values())
+        if conflicts:
+            notes.append(f"{conflicts} retransmissions with different bytes")
+        if late:
+            notes.append(f"{late} bytes after the end ignored")
+        lines.append(f"  {conn.id}: {conn.label}  ({'; '.join(notes)})")
         if st is not None:
             if st.features:
                 lines.append("     HELLO: " + ", ".join(spec.FEATURES.get(f, hex(f)) for f in st.features))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pcapfactory import Conn, Msg, write_capture
 
 from dcpinspect import dissect, encode
 from dcpinspect.records import CaptureStats, read_records
-from pcapfactory import Conn, Msg, write_capture
 
 MUT = {"by_seqno": 1, "rev_seqno": 1}
 _CACHE: dict[str, bytes] = {}
@@ -17,7 +17,9 @@ _CACHE: dict[str, bytes] = {}
 
 def _sample(fmt: str, tmp: Path) -> bytes:
     if fmt not in _CACHE:
-        items = b"".join(encode("DCP_MUTATION", extras={**MUT, "by_seqno": i + 1}, key=f"k{i}", value=bytes(40 + i), opaque=7) for i in range(12))
+        items = b"".join(
+            encode("DCP_MUTATION", extras={**MUT, "by_seqno": i + 1}, key=f"k{i}", value=bytes(40 + i), opaque=7) for i in range(12)
+        )
         conn = Conn(msgs=[Msg("c2s", encode("DCP_OPEN", key="c", extras={"flags": 1}, opaque=1)), Msg("s2c", items)])
         w = write_capture(tmp / f"s.{fmt}", [conn], fmt=fmt, mss=200, linktype="ether-vlan", ipv6=fmt == "pcapng")
         _CACHE[fmt] = w.path.read_bytes()
