@@ -77,3 +77,24 @@ def test_seed_000_sample_matches_the_seed() -> None:
 def test_tshark_reads_the_samples() -> None:
     assert len(tshark_frames(CAPTURES / "dcp-session.pcap")) == 25
     assert len(tshark_frames(CAPTURES / "seed-000-rollback-retry.pcap")) == 4
+
+
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@pytest.mark.parametrize("name", ["dcp-session.pcap", "seed-000-rollback-retry.pcap"])
+def test_tshark_agrees_on_the_samples(name: str) -> None:
+    from tshark import opaque_value
+
+    theirs = tshark_frames(CAPTURES / name)
+    recs, _ = read(name)
+    mine = sorted((r for r in recs if r.event.type == "frame"), key=lambda r: (r.packet, r.event.offset))  # type: ignore[attr-defined]
+    assert len(theirs) == len(mine)
+    for p, r in zip(theirs, mine, strict=True):
+        fr = r.event  # type: ignore[attr-defined]
+        assert int(p["couchbase.opcode"], 16) == fr.opcode
+        assert opaque_value(p["couchbase.opaque"]) == fr.opaque
+        assert int(p["couchbase.total_bodylength"]) == fr.body_length
+        if fr.is_response:
+            assert int(p["couchbase.status"], 16) == fr.status
+        d = dissect(fr, r.context)  # type: ignore[attr-defined]
+        if d.key and d.cid is None and fr.opcode not in (0x21, 0x22):  # tshark shows SASL and cid-prefixed keys its own way
+            assert p["couchbase.key"] == d.key_text
