@@ -12,7 +12,6 @@ I/O.  :func:`read_records` is the capture-file edge on top.
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from typing import Any
 
 from . import spec
 from .decoder import DEFAULT_MAX_BODY, Event, Frame
-from .dissect import DissectContext
+from .dissect import DissectContext, Dissection, dissect
 from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Connection, FlowEvent, Reassembler, Segment
 
 __all__ = ["CaptureStats", "ConnState", "Record", "iter_records", "read_records"]
@@ -57,47 +56,52 @@ class ConnState:
     controls: dict[str, str] = field(default_factory=dict)
     bucket: str = ""
     sasl_mechanism: str = ""
-    _pending: dict[tuple[str, int, int], object] = field(default_factory=dict)
+    _pending: dict[tuple[str, int, int], Dissection] = field(default_factory=dict)
 
     def observe(self, direction: str, frame: Frame) -> None:
-        """Update the context with a frame seen in ``direction`` (c2s/s2c)."""
-        if frame.dialect != "mcbp":
+        """Update the context with a frame seen in ``direction`` (c2s/s2c).
+
+        Only the few session commands that change what later frames mean are
+        looked at, and they are read through :func:`dissect` (the table), not
+        parsed here: HELLO, SASL_AUTH, SELECT_BUCKET, DCP_OPEN, DCP_CONTROL.
+        A request takes effect when its success response arrives.
+        """
+        if frame.dialect != "mcbp" or frame.opcode not in _SESSION_OPS:
             return
         magic = frame.magic
-        op = frame.opcode
-        if magic in (0x80, 0x08) and op in (0x1F, 0x50, 0x5E, 0x89, 0x21):
-            key = frame.key
-            if op == 0x50 and len(frame.extras) == 8:
-                self._pending[(direction, op, frame.opaque)] = (key, struct.unpack(">I", frame.extras[4:])[0])
-            elif op == 0x5E:
-                self._pending[(direction, op, frame.opaque)] = (key.decode("utf-8", "replace"), frame.value.decode("utf-8", "replace"))
-            elif op == 0x89:
-                self._pending[(direction, op, frame.opaque)] = key.decode("utf-8", "replace")
-            elif op == 0x21:
-                self.sasl_mechanism = key.decode("utf-8", "replace")
-            else:
-                self._pending[(direction, op, frame.opaque)] = True
+        if magic in (0x80, 0x08):
+            d = dissect(frame, self.context)
+            if frame.opcode == 0x21:
+                self.sasl_mechanism = d.key_text
+                return
+            self._pending[(direction, frame.opcode, frame.opaque)] = d
             if len(self._pending) > 1024:  # requests never answered: forget the oldest
                 del self._pending[next(iter(self._pending))]
-        elif magic in (0x81, 0x18) and op in (0x1F, 0x50, 0x5E, 0x89):
+        elif magic in (0x81, 0x18):
             other = "c2s" if direction == "s2c" else "s2c"
-            req = self._pending.pop((other, op, frame.opaque), None)
+            req = self._pending.pop((other, frame.opcode, frame.opaque), None)
             if req is None or frame.status != spec.SUCCESS:
                 return
+            op = frame.opcode
             if op == 0x1F:
-                v = frame.value
-                self.features = tuple(struct.unpack(f">{len(v) // 2}H", v[: len(v) // 2 * 2]))
+                resp = dissect(frame, self.context)
+                self.features = tuple(f["feature"] for f in resp.body.get("features", ()))
                 self.context = self.context.with_features(self.features)
-            elif op == 0x50 and isinstance(req, tuple):
-                self.open_name = req[0].decode("utf-8", "replace")
-                self.open_flags = int(req[1])
+            elif op == 0x50 and isinstance(req.extras.get("flags"), int):
+                self.open_name = req.key_text
+                self.open_flags = req.extras["flags"]
                 self.context = self.context.with_open_flags(self.open_flags)
-            elif op == 0x5E and isinstance(req, tuple):
-                self.controls[str(req[0])] = str(req[1])
-                if req[0] == "enable_stream_id" and req[1] == "true":
+            elif op == 0x5E:
+                key, value = req.key_text, str(req.document) if req.document is not None else ""
+                self.controls[key] = value
+                if key == "enable_stream_id" and value == "true":
                     self.context = replace(self.context, stream_ids=True)
-            elif op == 0x89 and isinstance(req, str):
-                self.bucket = req
+            elif op == 0x89:
+                self.bucket = req.key_text
+
+
+#: HELLO, SASL_AUTH, DCP_OPEN, DCP_CONTROL, SELECT_BUCKET
+_SESSION_OPS = frozenset((0x1F, 0x21, 0x50, 0x5E, 0x89))
 
 
 @dataclass
