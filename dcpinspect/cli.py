@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from . import spec
 from .decoder import Event, Frame, decode
 from .dissect import DissectContext, dissect
 from .render import DEFAULT_MAX_ROWS, annotate, safe_text
@@ -311,8 +312,6 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             d = dissect(ev, rec.context)
             per_op[f"{d.name} {d.role}"] += 1
             problems += len(d.problems)
-    from . import spec
-
     lines = ["files:"]
     for path, info in stats.files.items():
         state = info["error"] or f"{info['format']}, {info['packets']} packets" + (
@@ -346,17 +345,16 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             if st.bucket:
                 lines.append(f"     bucket: {safe_text(st.bucket)}")
             if st.open_flags is not None:
-                from .fields import flag_names
-
-                lines.append(
-                    f"     DCP_OPEN {safe_text(st.open_name)!r}: {flag_names(st.open_flags, spec.DCP_OPEN_FLAGS, {1: 'consumer'})}"
-                )
+                lines.append(f"     DCP_OPEN {safe_text(st.open_name)!r}: {_OPEN_FLAGS_FIELD.meaning(st.open_flags)}")
             for k, v in st.controls.items():
                 lines.append(f"     control {safe_text(k)}={safe_text(v)}")
     lines.append("frames per command:")
     lines += [f"  {n:>8}  {name}" for name, n in per_op.most_common()]
     out.write("\n".join(lines) + "\n")
     return 1 if stats.files and all(info["error"] for info in stats.files.values()) else 0
+
+
+_OPEN_FLAGS_FIELD = next(f for f in spec.COMMANDS[0x50].request[0].extras if f.name == "flags")  # the table's own meanings
 
 
 def _capture_args(p: argparse.ArgumentParser) -> None:
