@@ -86,3 +86,24 @@ def test_third_party_capture_through_the_capture_reader(name: str) -> None:
         assert r.ts >= r.ts_first > 1_400_000_000 * 10**9
         assert dissect(r.event, r.context).problems == []  # type: ignore[arg-type]
     assert [r.number for r in records] == list(range(1, len(records) + 1))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_tshark_agrees_on_third_party_captures(name: str) -> None:
+    from tshark import TSHARK, opaque_value, tshark_frames
+
+    if TSHARK is None:
+        pytest.skip("tshark is not installed")
+    from dcpinspect.records import read_records
+
+    theirs = tshark_frames(THIRD_PARTY / name)
+    mine = sorted((r for r in read_records([str(THIRD_PARTY / name)]) if r.event.type == "frame"), key=lambda r: (r.packet, r.event.offset))
+    assert len(theirs) == len(mine) == EXPECTED[name]
+    for p, r in zip(theirs, mine, strict=True):
+        fr = r.event
+        assert int(p["couchbase.opcode"], 16) == fr.opcode  # type: ignore[union-attr]
+        assert opaque_value(p["couchbase.opaque"]) == fr.opaque  # type: ignore[union-attr]
+        assert int(p["couchbase.total_bodylength"]) == fr.body_length  # type: ignore[union-attr]
+        d = dissect(fr, r.context)  # type: ignore[arg-type]
+        if d.key:
+            assert p["couchbase.key"] == d.key_text
