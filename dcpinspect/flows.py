@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .decoder import DEFAULT_MAX_BODY, Event, FrameDecoder
+from .decoder import DEFAULT_MAX_BODY, Event, FrameDecoder, _implausible_mcbp
+from .spec import HEADER
 
 __all__ = [
     "DEFAULT_SERVER_PORTS",
@@ -466,7 +467,4 @@ def _plausible_start(payload: bytes) -> bool:
         return True
     if len(payload) < 24:
         return False
-    from .decoder import _implausible_mcbp
-    from .spec import HEADER
-
     return _implausible_mcbp(HEADER.unpack_from(payload, 0), DEFAULT_MAX_BODY, True) is None

@@ -541,9 +541,9 @@ def test_secrets_never_leave_unmasked() -> None:
     for text in (annotate(d), annotate_html(d), json.dumps(d.as_dict())):
         assert "s3cret" not in text
         assert b"s3cret".hex() not in text
-        assert "('s')" not in text.split("0x**")[0][-0:] or True
     grid = annotate(d)
     assert grid.count("0x**") == len("s3cret")
+    assert "('3')" not in grid  # the password's characters are not drawn in the grid
     revealed = dissect(decode(raw)[0], DissectContext(reveal_secrets=True))  # type: ignore[arg-type]
     assert "s3cret" in annotate(revealed)
 
@@ -585,7 +585,6 @@ def test_leb128_too_long() -> None:
 
 @pytest.mark.parametrize(("fid", "length"), [(0, 0), (2, 2), (14, 14), (15, 0), (20, 3), (3, 15), (200, 40), (270, 270)])
 def test_frame_info_nibble_escapes(fid: int, length: int) -> None:
-    payload = bytes(range(length % 256))[:length] if length <= 256 else bytes(length)
     payload = bytes(i % 256 for i in range(length))
     enc = encode_frame_infos([(fid, payload), (2, b"\x00\x07")])
     infos, problems = parse_frame_infos(enc)
