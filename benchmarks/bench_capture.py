@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,7 @@ def write_capture(path: Path, frames: int) -> int:
     templates = []
     for i in range(256):
         key = f"doc-{i:06d}"
-        value = (b'{"type":"beer","name":"n%d","abv":%d.%d}' % (i, i % 13, i % 10)) * (1 + i % 4)
+        value = b'{"type":"beer","name":"n%d","abv":%d.%d,"notes":"%s"}' % (i, i % 13, i % 10, b"x" * (40 * (i % 4)))
         templates.append(
             encode(
                 "DCP_MUTATION",
@@ -124,17 +123,19 @@ def time_stream(path: Path) -> tuple[float, int]:
     return time.perf_counter() - t, n
 
 
-def child_rss(path: Path) -> float:
+def child_rss(path: Path, table: bool = False) -> tuple[float, str]:
+    """Peak RSS (MiB) of a fresh process running the streaming path (or building the table)."""
     # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into a forked child
+    work = (
+        "from dcpinspect.tables import frames_table\nt=frames_table(sys.argv[1])\nn=t.num_rows\nextra=f'{t.nbytes/2**20:.0f}'\n"
+        if table
+        else "from dcpinspect.records import read_records\nn=sum(1 for _ in read_records([sys.argv[1]]))\nextra=''\n"
+    )
     code = (
-        "import sys\n"
-        "from dcpinspect.records import read_records\n"
-        "n=sum(1 for _ in read_records([sys.argv[1]]))\n"
-        "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
-        "print(n, hwm)\n"
+        "import sys\n" + work + "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\nprint(n, hwm, extra)\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout.split()
-    return int(out[1]) / 1024
+    return int(out[1]) / 1024, (out[2] if len(out) > 2 else "")
 
 
 def main() -> int:
@@ -169,13 +170,15 @@ def main() -> int:
             ratio = f"{(count / dt) / (ts[1] / ts[0]):.1f}x" if ts and ts[1] else "-"
             print(f"{label:<40} {count:>10,} {dt:>9.2f} {count / dt:>12,.0f}  {ratio}")
         print("target: frames table >= 15x tshark's frames/s")
-        rss = child_rss(cap)
+        rss, _ = child_rss(cap)
         print(f"peak RSS, streaming path: {rss:.0f} MiB for {cap.stat().st_size / 2**20:.0f} MiB")
+        rss, nbytes = child_rss(cap, table=True)
+        print(f"peak RSS, frames table: {rss:.0f} MiB for {cap.stat().st_size / 2**20:.0f} MiB (the Arrow table itself: {nbytes} MiB)")
         if args.big:
             big = work / "mutations-5x.pcap"
             write_capture(big, 5 * n)
-            print(f"peak RSS, streaming path: {child_rss(big):.0f} MiB for {big.stat().st_size / 2**20:.0f} MiB")
-        print(f"this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (holds the frames table)")
+            rss, _ = child_rss(big)
+            print(f"peak RSS, streaming path: {rss:.0f} MiB for {big.stat().st_size / 2**20:.0f} MiB")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

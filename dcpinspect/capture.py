@@ -15,7 +15,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 __all__ = ["CaptureError", "CaptureReader", "RawPacket"]
 
@@ -39,8 +39,7 @@ class CaptureError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class RawPacket:
+class RawPacket(NamedTuple):
     """One captured packet: link type, captured bytes, original length, time in ns, 1-based number."""
 
     linktype: int

@@ -167,20 +167,30 @@ class _Progress:
             self.bar.close()
 
 
+def _read_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "server_ports": args.port or [11210, 11209, 11211],
+        "detect": not args.no_detect,
+        "reveal_secrets": getattr(args, "reveal_secrets", False),
+    }
+
+
 def _read(args: argparse.Namespace, stats: Any) -> Any:
     from .records import read_records
 
-    ports = args.port or [11210, 11209, 11211]
     progress = _Progress(args.captures, not args.no_progress)
     try:
-        yield from read_records(
-            args.captures,
-            server_ports=ports,
-            detect=not args.no_detect,
-            stats=stats,
-            reveal_secrets=getattr(args, "reveal_secrets", False),
-            progress=progress,
-        )
+        yield from read_records(args.captures, stats=stats, progress=progress, **_read_options(args))
+    finally:
+        progress.close()
+
+
+def _read_batches(args: argparse.Namespace, stats: Any) -> Any:
+    from .batches import read_batches
+
+    progress = _Progress(args.captures, not args.no_progress)
+    try:
+        yield from read_batches(args.captures, rows=20_000, stats=stats, progress=progress, **_read_options(args))
     finally:
         progress.close()
 
@@ -199,22 +209,20 @@ def _report_files(stats: Any) -> int:
 def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     import pyarrow as pa
 
-    from .columns import JSON_COLUMNS, FrameColumns
+    from .batches import SCHEMA as schema
+    from .columns import JSON_COLUMNS
     from .records import CaptureStats
-    from .tables import _PANDAS, arrow_schema
+    from .tables import _PANDAS
 
     stats = CaptureStats()
-    schema = arrow_schema()
     writer: Any = None
-    csv_header = True
     shown = 0
-    batch = FrameColumns()
 
-    def flush(cols: FrameColumns) -> None:
-        nonlocal writer, csv_header, shown
-        if not cols.rows:
+    def flush(batch: pa.RecordBatch) -> None:
+        nonlocal writer, shown
+        if not batch.num_rows:
             return
-        table = pa.table({f.name: pa.array(cols.cols[f.name], type=f.type) for f in schema}, schema=schema)
+        table = pa.Table.from_batches([batch], schema=schema)
         if args.filter:
             df = table.to_pandas(types_mapper=_PANDAS.get)
             try:
@@ -238,7 +246,6 @@ def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             if writer is None:
                 writer = pcsv.CSVWriter(args.csv, t.schema)
             writer.write_table(t)
-            csv_header = False
         elif args.json:
             for row in table.select(list(JSON_COLUMNS)).to_pylist():
                 ts = row["ts"]
@@ -258,12 +265,8 @@ def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
                 )
 
     try:
-        for rec in _read(args, stats):
-            batch.add(rec)
-            if batch.rows >= 20_000:
-                flush(batch)
-                batch = FrameColumns()
-        flush(batch)
+        for batch in _read_batches(args, stats):
+            flush(batch)
     finally:
         if writer is not None:
             writer.close()
@@ -333,7 +336,9 @@ def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         conflicts = sum(h.conflicts for h in conn.halves.values())
         late = sum(h.after_close for h in conn.halves.values())
         if conflicts:
-            notes.append(f"{conflicts} retransmissions with different bytes")
+            where = sorted(p for h in conn.halves.values() for p in h.conflict_packets)
+            shown = ", ".join(map(str, where[:10])) + (", ..." if len(where) > 10 or conflicts > len(where) else "")
+            notes.append(f"{conflicts} retransmissions with different bytes (packets {shown})")
         if late:
             notes.append(f"{late} bytes after the end ignored")
         lines.append(f"  {conn.id}: {conn.label}  ({'; '.join(notes)})")

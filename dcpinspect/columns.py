@@ -13,13 +13,13 @@ unsigned types) become ``decimal(20,0)`` there.  Missing values are nulls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .dissect import Dissection, dissect
 from .records import Record
 
-__all__ = ["FRAME_COLUMNS", "JSON_COLUMNS", "FrameColumns"]
+__all__ = ["DCP_COLUMNS", "FRAME_COLUMNS", "JSON_COLUMNS", "FrameColumns", "dcp_values"]
 
 #: (name, Arrow type, description) - the one definition of the frames table
 FRAME_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -102,6 +102,64 @@ _SEQNO_FIELD = {
 }
 
 
+#: the DCP columns filled by :func:`dcp_values`
+DCP_COLUMNS = (
+    "seqno",
+    "rev_seqno",
+    "snap_start",
+    "snap_end",
+    "snap_flags",
+    "stream_end_status",
+    "req_flags",
+    "req_start",
+    "req_end",
+    "req_vb_uuid",
+    "req_snap_start",
+    "req_snap_end",
+    "failover_entries",
+    "rollback_seqno",
+    "buffer_bytes",
+)
+_REQ_FIELDS = (
+    ("req_flags", "flags"),
+    ("req_start", "start_seqno"),
+    ("req_end", "end_seqno"),
+    ("req_vb_uuid", "vb_uuid"),
+    ("req_snap_start", "snap_start_seqno"),
+    ("req_snap_end", "snap_end_seqno"),
+)
+_SNAP_FIELDS = (("snap_start", "start_seqno"), ("snap_end", "end_seqno"), ("snap_flags", "flags"))
+
+
+def dcp_values(opcode: int, response: bool, ext: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The DCP columns of one frame from its decoded extras and body.
+
+    ``ext`` values may be arrays (one group of frames at once); a column that
+    does not apply is absent.  ``opcode`` is -1 for the UPR draft.
+    """
+    out: dict[str, Any] = {}
+    seq = _SEQNO_FIELD.get(opcode)
+    if seq is not None and seq in ext:
+        out["seqno"] = ext[seq]
+    if "rev_seqno" in ext:
+        out["rev_seqno"] = ext["rev_seqno"]
+    if opcode == 0x56 and not response:
+        src = ext if "start_seqno" in ext else body
+        out.update((col, src[name]) for col, name in _SNAP_FIELDS if name in src)
+    if opcode == 0x55 and "status" in ext:
+        out["stream_end_status"] = ext["status"]
+    if opcode == 0x53 and not response:
+        out.update((col, ext[name]) for col, name in _REQ_FIELDS if name in ext)
+    if opcode == 0x53 and response and body.get("rollback_seqno") is not None:
+        out["rollback_seqno"] = body["rollback_seqno"]
+    log = body.get("failover_log")
+    if isinstance(log, list) and response:
+        out["failover_entries"] = len(log)
+    if opcode == 0x5D and "buffer_bytes" in ext:
+        out["buffer_bytes"] = ext["buffer_bytes"]
+    return out
+
+
 class FrameColumns:
     """Column lists for the frames table, appended to one record at a time."""
 
@@ -152,30 +210,9 @@ class FrameColumns:
         c["key"].append(d.key_text if d.key else None)
         c["cid"].append(d.cid)
         c["stream_id"].append(d.stream_id)
-        ext = d.extras
-        body = d.body
-        if not mcbp:
-            op = -1
-        seq_field = _SEQNO_FIELD.get(op)
-        c["seqno"].append(ext.get(seq_field) if seq_field else None)
-        c["rev_seqno"].append(ext.get("rev_seqno"))
-        marker = op == 0x56 and not response
-        src = ext if "start_seqno" in ext else body
-        c["snap_start"].append(src.get("start_seqno") if marker else None)
-        c["snap_end"].append(src.get("end_seqno") if marker else None)
-        c["snap_flags"].append(src.get("flags") if marker else None)
-        c["stream_end_status"].append(ext.get("status") if op == 0x55 else None)
-        req = op == 0x53 and not response
-        c["req_flags"].append(ext.get("flags") if req else None)
-        c["req_start"].append(ext.get("start_seqno") if req else None)
-        c["req_end"].append(ext.get("end_seqno") if req else None)
-        c["req_vb_uuid"].append(ext.get("vb_uuid") if req else None)
-        c["req_snap_start"].append(ext.get("snap_start_seqno") if req else None)
-        c["req_snap_end"].append(ext.get("snap_end_seqno") if req else None)
-        log = body.get("failover_log")
-        c["failover_entries"].append(len(log) if isinstance(log, list) and response else None)
-        c["rollback_seqno"].append(body.get("rollback_seqno") if op == 0x53 and response else None)
-        c["buffer_bytes"].append(ext.get("buffer_bytes") if op == 0x5D else None)
+        vals = dcp_values(op if mcbp else -1, response, d.extras, d.body)
+        for name in DCP_COLUMNS:
+            c[name].append(vals.get(name))
         if mcbp:
             alt = h[0] in (0x08, 0x18)
             sections = ((h[2] >> 8) + (h[2] & 0xFF) if alt else h[2]) + h[3]

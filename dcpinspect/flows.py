@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .decoder import DEFAULT_MAX_BODY, Event, FrameDecoder, _implausible_mcbp
 from .spec import HEADER
@@ -38,24 +39,26 @@ from .spec import HEADER
 __all__ = [
     "DEFAULT_SERVER_PORTS",
     "TLS_PORTS",
+    "Batch",
     "Connection",
     "FlowEvent",
     "HalfStream",
     "Reassembler",
     "Segment",
+    "expand",
 ]
 
 DEFAULT_SERVER_PORTS = frozenset((11210, 11209, 11211))
 TLS_PORTS = frozenset((11207,))
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
 MAX_PENDING = 4 * 1024 * 1024  # out-of-order bytes held per direction before a hole becomes a gap
+MAX_NOTED = 100  # packet numbers kept per direction for conflicting retransmissions
 MAX_PENDING_SEGMENTS = 4096  # ... and out-of-order segments (many tiny ones cost more than their bytes)
 RECENT = 256 * 1024  # delivered bytes kept per direction to compare overlapping retransmissions
 _SESSION_OPCODES = frozenset((0x1F, 0x20, 0x21, 0x50, 0x89))  # HELLO, SASL, DCP_OPEN, SELECT_BUCKET
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """One captured TCP segment.
 
     ``missing`` is the number of payload bytes the capture did not keep
@@ -76,8 +79,7 @@ class Segment:
     file: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class FlowEvent:
+class FlowEvent(NamedTuple):
     """A decoder event with where and when it happened."""
 
     conn: Connection
@@ -88,6 +90,10 @@ class FlowEvent:
     packet_first: int
     packet_last: int
     file: str = ""  # the capture file of the packet that completed it
+
+
+#: one decoder call's events: (events, ts_last, packet_last, heads) - see :data:`Batch`
+Emitted = tuple[list[Event], int, int, list[tuple[int, int, int, int]]]
 
 
 class HalfStream:
@@ -103,6 +109,7 @@ class HalfStream:
         self.closed = False
         self.lost = 0  # bytes known missing (gaps)
         self.conflicts = 0  # overlapping retransmissions whose bytes differed
+        self.conflict_packets: list[int] = []  # the packets that carried them (the first MAX_NOTED)
         self.bytes = 0  # bytes delivered
         self.segments = 0
         self.after_close = 0  # payload bytes that arrived after the direction ended (ignored)
@@ -121,7 +128,7 @@ class HalfStream:
         return ref + diff
 
     # --- delivery ----------------------------------------------------------------
-    def _deliver(self, data: bytes, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _deliver(self, data: bytes, ts: int, packet: int, out: list[Emitted]) -> None:
         assert self.base is not None and self.next_seq is not None
         self._arrivals.append((self.next_seq - self.base, ts, packet))
         self.next_seq += len(data)
@@ -131,7 +138,7 @@ class HalfStream:
             del self._recent[: len(self._recent) - RECENT]
         self._emit(self.decoder.feed(data), out)
 
-    def _gap(self, n: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _gap(self, n: int, ts: int, packet: int, out: list[Emitted]) -> None:
         assert self.base is not None and self.next_seq is not None
         self._arrivals.append((self.next_seq - self.base, ts, packet))
         self.next_seq += n
@@ -139,18 +146,29 @@ class HalfStream:
         self._recent.clear()
         self._emit(self.decoder.feed_gap(n), out)
 
-    def _emit(self, events: list[Event], out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _emit(self, events: list[Event], out: list[Emitted]) -> None:
         if not events:
             return
         arr = self._arrivals
-        for ev in events:
-            first = self._find(ev.offset)
-            last = self._find(ev.offset + max(ev.length, 1) - 1)
-            out.append((ev, arr[first][1], arr[last][1], arr[first][2], arr[last][2]))
+        last = arr[-1]
+        lo = last[0]
+        heads: list[tuple[int, int, int, int]] = []
+        for ev in events:  # in stream order: only the first few can have started before the last run
+            off = ev.offset
+            if off >= lo:
+                break
+            first = arr[self._find(off)]
+            end = arr[self._find(off + max(ev.length, 1) - 1)]
+            heads.append((first[1], end[1], first[2], end[2]))
+        out.append((events, last[1], last[2], heads))
         # forget arrivals before the first byte the decoder still holds
-        keep_from = self._find(self.decoder.offset - self.decoder.buffered)
-        if keep_from > 1024:
-            del arr[:keep_from]
+        held = self.decoder.offset - self.decoder.buffered
+        if held < lo and len(arr) > 1024:
+            keep_from = self._find(held)
+            if keep_from > 1024:
+                del arr[:keep_from]
+        elif held >= lo and len(arr) > 1024:
+            del arr[:-1]
 
     def _find(self, offset: int) -> int:
         """Index of the delivered run containing decoder ``offset``."""
@@ -164,7 +182,7 @@ class HalfStream:
                 hi = mid - 1
         return lo
 
-    def push(self, seq: int, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def push(self, seq: int, data: bytes, missing: int, ts: int, packet: int, out: list[Emitted]) -> None:
         """Take one segment's payload at absolute ``seq``."""
         self.segments += 1
         if self.closed:  # after FIN/RST or a corrupt flag: nothing more is decoded here
@@ -175,11 +193,11 @@ class HalfStream:
         nxt = self.next_seq
         end = seq + len(data) + missing
         if end <= nxt:
-            self._compare(seq, data)
+            self._compare(seq, data, packet)
             return  # a retransmission of bytes already delivered
         if seq < nxt:  # overlaps what we have: keep the new tail
             cut = nxt - seq
-            self._compare(seq, data[:cut])
+            self._compare(seq, data[:cut], packet)
             if cut <= len(data):
                 data = data[cut:]
             else:
@@ -192,7 +210,7 @@ class HalfStream:
         else:
             old = self.pending.get(seq)
             if old is not None and old[0] != data[: len(old[0])] and not data.startswith(old[0][: len(data)]):
-                self.conflicts += 1
+                self._conflict(packet)
             if old is None or len(data) + missing > len(old[0]) + old[1]:
                 if old is not None:
                     self.pending_bytes -= len(old[0])
@@ -201,13 +219,13 @@ class HalfStream:
             if self.pending_bytes > MAX_PENDING or len(self.pending) > MAX_PENDING_SEGMENTS:
                 self._skip_hole(ts, packet, out)
 
-    def _take(self, data: bytes, missing: int, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _take(self, data: bytes, missing: int, ts: int, packet: int, out: list[Emitted]) -> None:
         if data:
             self._deliver(data, ts, packet, out)
         if missing:
             self._gap(missing, ts, packet, out)
 
-    def _drain(self, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _drain(self, out: list[Emitted]) -> None:
         while self.pending and self.next_seq is not None:
             nxt = self.next_seq
             ready = [s for s in self.pending if s <= nxt]
@@ -218,16 +236,16 @@ class HalfStream:
                 self.pending_bytes -= len(data)
                 nxt = self.next_seq
                 if s + len(data) + missing <= nxt:
-                    self._compare(s, data)
+                    self._compare(s, data, packet)
                     continue
                 cut = nxt - s
-                self._compare(s, data[:cut])
+                self._compare(s, data[:cut], packet)
                 if cut <= len(data):
                     self._take(data[cut:], missing, ts, packet, out)
                 else:
                     self._take(b"", missing - (cut - len(data)), ts, packet, out)
 
-    def _skip_hole(self, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def _skip_hole(self, ts: int, packet: int, out: list[Emitted]) -> None:
         """Give up waiting for the bytes before the earliest pending segment."""
         if not self.pending or self.next_seq is None:
             return
@@ -236,7 +254,12 @@ class HalfStream:
             self._gap(first - self.next_seq, ts, packet, out)
         self._drain(out)
 
-    def _compare(self, seq: int, data: bytes) -> None:
+    def _conflict(self, packet: int) -> None:
+        self.conflicts += 1
+        if len(self.conflict_packets) < MAX_NOTED:
+            self.conflict_packets.append(packet)
+
+    def _compare(self, seq: int, data: bytes, packet: int) -> None:
         """Count a retransmission whose bytes differ from what was delivered."""
         if not data or self.next_seq is None:
             return
@@ -244,9 +267,9 @@ class HalfStream:
         a = max(seq, start)
         b = min(seq + len(data), self.next_seq)
         if a < b and self._recent[a - start : b - start] != data[a - seq : b - seq]:
-            self.conflicts += 1
+            self._conflict(packet)
 
-    def finish(self, ts: int, packet: int, out: list[tuple[Event, int, int, int, int]]) -> None:
+    def finish(self, ts: int, packet: int, out: list[Emitted]) -> None:
         """The direction ended (FIN delivered, RST, end of capture): flush holes, close the decoder."""
         if self.closed:
             return
@@ -298,6 +321,25 @@ def _ep(ep: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: what :meth:`Reassembler.feed_raw` returns: decoder events of one direction, completed by the
+#: same packet (``ts_last``, ``packet_last``), with the file of that packet; ``heads`` holds
+#: ``(ts_first, ts_last, packet_first, packet_last)`` of the first ``len(heads)`` events (those
+#: that began in earlier packets); every later event began and ended in that packet.
+Batch = tuple[Connection, str, list[Event], int, int, list[tuple[int, int, int, int]], str]
+
+
+def expand(batch: Batch) -> Iterator[tuple[Event, int, int, int, int]]:
+    """``(event, ts_first, ts_last, packet_first, packet_last)`` of each event of a batch."""
+    _conn, _d, events, ts, packet, heads, _file = batch
+    k = len(heads)
+    for i, ev in enumerate(events):
+        if i < k:
+            h = heads[i]
+            yield ev, h[0], h[1], h[2], h[3]
+        else:
+            yield ev, ts, ts, packet, packet
+
+
 class Reassembler:
     """Every TCP connection of a capture, reassembled and decoded.
 
@@ -336,12 +378,16 @@ class Reassembler:
 
     def feed(self, seg: Segment) -> list[FlowEvent]:
         """Take one segment; return the events it completed."""
+        return [FlowEvent(b[0], b[1], *r, b[6]) for b in self.feed_raw(seg) for r in expand(b)]
+
+    def feed_raw(self, seg: Segment) -> list[Batch]:
+        """Like :meth:`feed`, in batches (see :data:`Batch`): no object per event beyond the decoder's."""
         self._last_ts = seg.ts
         self._last_packet = seg.packet
         self._last_file = seg.file
         key = self._key(seg)
         conn = self._live.get(key)
-        out: list[FlowEvent] = []
+        out: list[Batch] = []
         src = (seg.src, seg.sport)
         if seg.flags & SYN and conn is not None:
             d = "c2s" if src == conn.client else "s2c"
@@ -368,7 +414,7 @@ class Reassembler:
         half = conn.halves.get(d)
         if half is None:
             half = conn.halves[d] = HalfStream(aligned=bool(seg.flags & SYN) or conn.syn_seen, max_body=self.max_body)
-        raw_out: list[tuple[Event, int, int, int, int]] = []
+        raw_out: list[Emitted] = []
         seq = seg.seq
         if seg.flags & SYN:
             conn.isn[d] = seq
@@ -386,7 +432,7 @@ class Reassembler:
             half.fin_seq = half.extend((seq + len(seg.payload) + seg.missing) & 0xFFFFFFFF)
         if half.fin_seq is not None and half.next_seq is not None and half.fin_seq <= half.next_seq and not half.pending:
             half.finish(seg.ts, seg.packet, raw_out)
-        out += [FlowEvent(conn, d, *r, seg.file) for r in raw_out]
+        out += [(conn, d, *e, seg.file) for e in raw_out]
         if seg.flags & RST:
             out += self._close(conn, seg.ts, seg.packet)
         elif all(h.closed for h in conn.halves.values()) and len(conn.halves) == 2:
@@ -437,18 +483,22 @@ class Reassembler:
             conn.decided = True
             conn.ignored = True
 
-    def _close(self, conn: Connection, ts: int, packet: int) -> list[FlowEvent]:
-        out: list[FlowEvent] = []
+    def _close(self, conn: Connection, ts: int, packet: int) -> list[Batch]:
+        out: list[Batch] = []
         for d, half in conn.halves.items() if not conn.tls else ():
-            raw: list[tuple[Event, int, int, int, int]] = []
+            raw: list[Emitted] = []
             half.finish(ts, packet, raw)
-            out += [FlowEvent(conn, d, *r, self._last_file) for r in raw]
+            out += [(conn, d, *e, self._last_file) for e in raw]
         conn.closed = True
         return out
 
     def close(self) -> list[FlowEvent]:
         """End of capture: finish every direction still open."""
-        out: list[FlowEvent] = []
+        return [FlowEvent(b[0], b[1], *r, b[6]) for b in self.close_raw() for r in expand(b)]
+
+    def close_raw(self) -> list[Batch]:
+        """Like :meth:`close`, in batches (see :meth:`feed_raw`)."""
+        out: list[Batch] = []
         for conn in self.connections:
             if not conn.closed:
                 out += self._close(conn, self._last_ts, self._last_packet)

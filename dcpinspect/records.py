@@ -12,24 +12,36 @@ I/O.  :func:`read_records` is the capture-file edge on top.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from itertools import accumulate
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from . import spec
 from .decoder import DEFAULT_MAX_BODY, Event, Frame
 from .dissect import DissectContext, Dissection, dissect
-from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Connection, FlowEvent, Reassembler, Segment
+from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Batch, Connection, Reassembler, Segment, expand
 
-__all__ = ["CaptureStats", "ConnState", "Record", "iter_records", "read_records"]
+__all__ = [
+    "CaptureStats",
+    "ConnState",
+    "Record",
+    "RecordChunk",
+    "capture_segments",
+    "iter_chunks",
+    "iter_records",
+    "read_chunks",
+    "read_records",
+]
 
 #: the context of a connection whose start (SYN) was captured but negotiated nothing yet
 FRESH = DissectContext(collections=False, xattr=False, snappy=False, json=False, delete_times=False, include_xattrs=False, stream_ids=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """One decoded event in its capture: frame (or garbage/truncated/gap) + where and when."""
 
     number: int  # 1-based, in order of completion
@@ -116,6 +128,58 @@ class CaptureStats:
     records: int = 0
 
 
+class _Sessions:
+    """Per-connection :class:`ConnState`: the context each event is dissected with."""
+
+    def __init__(self, states: dict[int, ConnState], reveal_secrets: bool) -> None:
+        self.states = states
+        self.reveal_secrets = reveal_secrets
+
+    def state(self, conn: Connection) -> ConnState:
+        state = self.states.get(conn.id)
+        if state is None:
+            base = FRESH if conn.syn_seen else DissectContext()
+            if self.reveal_secrets:
+                base = replace(base, reveal_secrets=True)
+            state = self.states[conn.id] = ConnState(base)
+        return state
+
+    def contexts(self, conn: Connection, direction: str, events: list[Event]) -> list[DissectContext]:
+        """The context of each event (as it was before the event), observing session frames."""
+        state = self.state(conn)
+        ctx = state.context
+        try:  # the common case: all frames, none of them a session command (checked at C speed)
+            if _SESSION_OPS.isdisjoint(map(_OPCODE, map(_RAW, events))):
+                return [ctx] * len(events)
+        except (TypeError, IndexError):  # garbage, gaps, a short UPR frame
+            pass
+        out = []
+        for ev in events:
+            out.append(ctx)
+            if ev.__class__ is Frame and ev[1][1] in _SESSION_OPS and ev[2] == "mcbp":
+                state.observe(direction, ev)
+                ctx = state.context
+        return out
+
+
+_RAW: Callable[[Any], bytes] = itemgetter(1)
+_OPCODE: Callable[[bytes], int] = itemgetter(1)
+
+
+def _batches(
+    segments: Iterable[Segment],
+    r: Reassembler,
+    st: CaptureStats,
+) -> Iterator[Batch]:
+    st.connections = r.connections
+    for seg in segments:
+        batches = r.feed_raw(seg)
+        if batches:
+            yield from batches
+    yield from r.close_raw()
+    st.skipped["not memcached-binary TCP"] += r.skipped_segments
+
+
 def iter_records(
     segments: Iterable[Segment],
     *,
@@ -129,45 +193,152 @@ def iter_records(
     """Reassemble, decode and contextualise ``segments``; yield records in completion order."""
     r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
     st = stats if stats is not None else CaptureStats()
-    st.connections = r.connections
-    states = st.states
+    sessions = _Sessions(st.states, reveal_secrets)
     number = 0
-
-    def convert(fes: list[FlowEvent]) -> Iterator[Record]:
-        nonlocal number
-        for fe in fes:
-            conn = fe.conn
-            state = states.get(conn.id)
-            if state is None:
-                base = FRESH if conn.syn_seen else DissectContext()
-                if reveal_secrets:
-                    base = replace(base, reveal_secrets=True)
-                state = states[conn.id] = ConnState(base)
+    for b in _batches(segments, r, st):
+        conn, d = b[0], b[1]
+        label = conn.label
+        file = b[6] or conn.file
+        state = sessions.state(conn)
+        for ev, ts_first, ts_last, p_first, p_last in expand(b):
             number += 1
-            ev = fe.event
-            yield Record(
-                number,
-                fe.file or conn.file,
-                conn.id,
-                conn.label,
-                fe.direction,
-                fe.ts_last,
-                fe.ts_first,
-                fe.packet_last,
-                fe.packet_first,
-                ev,
-                state.context,
-            )
-            if ev.type == "frame":
-                state.observe(fe.direction, ev)  # type: ignore[arg-type]
-
-    for seg in segments:
-        fes = r.feed(seg)
-        if fes:
-            yield from convert(fes)
-    yield from convert(r.close())
+            yield Record(number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context)
+            if ev.__class__ is Frame and ev[1][1] in _SESSION_OPS and ev[2] == "mcbp":
+                state.observe(d, ev)
+        st.records = number
     st.records = number
-    st.skipped["not memcached-binary TCP"] += r.skipped_segments
+
+
+@dataclass
+class RecordChunk:
+    """Many records in columnar form (the twin of :class:`Record` for table builders).
+
+    ``events`` and ``context`` have one entry per record; the rest one per
+    *run* - the records completed by one packet in one direction - with
+    ``counts`` records each.  ``heads`` overrides the times and packets of the
+    few records that began in an earlier packet (index in the chunk ->
+    ``(ts_first, ts_last, packet_first, packet_last)``).  Record numbers run
+    from ``first_number``; connection labels are in ``labels`` (by id).
+    """
+
+    first_number: int
+    events: list[Event] = field(default_factory=list)
+    context: list[DissectContext] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    conn: list[int] = field(default_factory=list)
+    direction: list[str] = field(default_factory=list)
+    file: list[str] = field(default_factory=list)
+    ts: list[int] = field(default_factory=list)
+    packet: list[int] = field(default_factory=list)
+    heads: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def record(self, i: int) -> Record:
+        """Record ``i`` of the chunk as a :class:`Record`."""
+        run = bisect_right(list(accumulate(self.counts)), i)
+        c = self.conn[run]
+        ts = self.ts[run]
+        packet = self.packet[run]
+        tf, tl, pf, pl = self.heads.get(i, (ts, ts, packet, packet))
+        return Record(
+            self.first_number + i, self.file[run], c, self.labels[c], self.direction[run], tl, tf, pl, pf, self.events[i], self.context[i]
+        )
+
+    def records(self) -> Iterator[Record]:
+        """Every record of the chunk, in order."""
+        i = 0
+        for run, n in enumerate(self.counts):
+            c = self.conn[run]
+            ts = self.ts[run]
+            packet = self.packet[run]
+            for j in range(i, i + n):
+                tf, tl, pf, pl = self.heads.get(j, (ts, ts, packet, packet))
+                yield Record(
+                    self.first_number + j,
+                    self.file[run],
+                    c,
+                    self.labels[c],
+                    self.direction[run],
+                    tl,
+                    tf,
+                    pl,
+                    pf,
+                    self.events[j],
+                    self.context[j],
+                )
+            i += n
+
+
+def iter_chunks(
+    segments: Iterable[Segment],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+) -> Iterator[RecordChunk]:
+    """The records of :func:`iter_records` (same order, numbers and contexts) in chunks of about ``rows``."""
+    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+    st = stats if stats is not None else CaptureStats()
+    sessions = _Sessions(st.states, reveal_secrets)
+    chunk = RecordChunk(1)
+    for conn, d, evs, ts, packet, heads, file in _batches(segments, r, st):
+        base = len(chunk.events)
+        chunk.events += evs
+        chunk.context += sessions.contexts(conn, d, evs)
+        chunk.counts.append(len(evs))
+        chunk.conn.append(conn.id)
+        chunk.direction.append(d)
+        chunk.file.append(file or conn.file)
+        chunk.ts.append(ts)
+        chunk.packet.append(packet)
+        for i, h in enumerate(heads, base):
+            chunk.heads[i] = h
+        chunk.labels[conn.id] = conn.label
+        if len(chunk.events) >= rows:
+            st.records = chunk.first_number + len(chunk) - 1
+            yield chunk
+            chunk = RecordChunk(chunk.first_number + len(chunk))
+    st.records = chunk.first_number + len(chunk) - 1
+    if chunk.events:
+        yield chunk
+
+
+def capture_segments(paths: Iterable[str], stats: CaptureStats, progress: Callable[[str, int], None] | None = None) -> Iterator[Segment]:
+    """The TCP segments of capture files, in order; what each file held goes to ``stats.files``.
+
+    A file that is not a capture is reported in ``stats.files[path]["error"]``
+    and skipped; a truncated or corrupt record ends that file with a problem,
+    keeping everything before it.
+    """
+    from .capture import CaptureError, CaptureReader
+    from .packets import parse_packet
+
+    st = stats
+    for path in paths:
+        reader = CaptureReader(str(path))
+        info: dict[str, Any] = {"format": None, "packets": 0, "problems": [], "error": None}
+        st.files[str(path)] = info
+        try:
+            for pkt in reader:
+                st.packets += 1
+                if progress is not None and not pkt.number % 1024:
+                    progress(str(path), pkt.offset)
+                seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
+                if seg is not None:
+                    yield seg
+        except CaptureError as exc:
+            info["error"] = str(exc)
+        info["format"] = reader.format or None
+        info["packets"] = reader.packets
+        info["problems"] = [f"{msg} (at byte offset {off})" for off, msg in reader.problems]
+        info["linktypes"] = sorted(reader.linktypes)
 
 
 def read_records(
@@ -181,33 +352,24 @@ def read_records(
 ) -> Iterator[Record]:
     """Records of one or more capture files, read in order as one capture (rotated files join up).
 
-    A file that is not a capture is reported in ``stats.files[path]["error"]``
-    and skipped; a truncated or corrupt record ends that file with a problem,
-    keeping everything before it.
+    See :func:`capture_segments` for what happens to unreadable files.
     """
-    from .capture import CaptureError, CaptureReader
-    from .packets import parse_packet
-
     st = stats if stats is not None else CaptureStats()
+    segs = capture_segments(paths, st, progress)
+    yield from iter_records(segs, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
 
-    def segments() -> Iterator[Segment]:
-        for path in paths:
-            reader = CaptureReader(str(path))
-            info: dict[str, Any] = {"format": None, "packets": 0, "problems": [], "error": None}
-            st.files[str(path)] = info
-            try:
-                for pkt in reader:
-                    st.packets += 1
-                    if progress is not None and not pkt.number % 1024:
-                        progress(str(path), pkt.offset)
-                    seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
-                    if seg is not None:
-                        yield seg
-            except CaptureError as exc:
-                info["error"] = str(exc)
-            info["format"] = reader.format or None
-            info["packets"] = reader.packets
-            info["problems"] = [f"{msg} (at byte offset {off})" for off, msg in reader.problems]
-            info["linktypes"] = sorted(reader.linktypes)
 
-    yield from iter_records(segments(), server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
+def read_chunks(
+    paths: Iterable[str],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> Iterator[RecordChunk]:
+    """:func:`read_records` in chunks (:class:`RecordChunk`), for columnar consumers."""
+    st = stats if stats is not None else CaptureStats()
+    segs = capture_segments(paths, st, progress)
+    yield from iter_chunks(segs, rows=rows, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)

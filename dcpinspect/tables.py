@@ -10,27 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from .columns import FRAME_COLUMNS, FrameColumns
-from .records import CaptureStats, Record, read_records
+from .batches import SCHEMA, arrow_schema, read_batches
+from .columns import FrameColumns
+from .records import CaptureStats, Record
 from .reference import reference_rows
 
 __all__ = ["arrow_schema", "frames_df", "frames_table", "reference_frame", "write_csv", "write_parquet"]
 
-_TYPES = {
-    "string": pa.string(),
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "uint8": pa.uint8(),
-    "uint16": pa.uint16(),
-    "uint32": pa.uint32(),
-    "uint64": pa.uint64(),
-    "timestamp[ns]": pa.timestamp("ns", tz="UTC"),
-    "list<string>": pa.list_(pa.string()),
-}
 _PANDAS = {
     pa.uint8(): pd.UInt8Dtype(),
     pa.uint16(): pd.UInt16Dtype(),
@@ -41,30 +32,30 @@ _PANDAS = {
 }
 
 
-def arrow_schema() -> pa.Schema:
-    """The frames table's Arrow schema."""
-    return pa.schema([pa.field(name, _TYPES[typ], metadata={"description": desc}) for name, typ, desc in FRAME_COLUMNS])
+Source = str | Path | Iterable[str | Path] | Iterable[Record]
 
 
-def _records(source: str | Path | Iterable[str | Path] | Iterable[Record], stats: CaptureStats | None) -> Iterable[Record]:
+def frames_table(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pa.Table:
+    """The frames table (one row per frame, garbage run, truncated frame or gap) as Arrow.
+
+    ``source`` is a capture path, several paths (read in order, as one
+    capture), or records (from :func:`~dcpinspect.records.iter_records`, a
+    proxy or a client).  ``options`` go to :func:`~dcpinspect.batches.read_batches`
+    (``server_ports``, ``detect``, ``reveal_secrets``, ``progress``).
+    """
     if isinstance(source, (str, Path)):
-        return read_records([str(source)], stats=stats)
+        source = [source]
     items = list(source)
-    if items and not isinstance(items[0], Record):
-        return read_records([str(p) for p in items], stats=stats)
-    return items  # type: ignore[return-value]
+    if items and isinstance(items[0], Record):
+        cols = FrameColumns().extend(items)  # type: ignore[arg-type]
+        return pa.table({f.name: pa.array(cols.cols[f.name], type=f.type) for f in SCHEMA}, schema=SCHEMA)
+    batches = list(read_batches([str(p) for p in items], stats=stats, **options))
+    return pa.Table.from_batches(batches, schema=SCHEMA)
 
 
-def frames_table(source: str | Path | Iterable[str | Path] | Iterable[Record], *, stats: CaptureStats | None = None) -> pa.Table:
-    """The frames table (one row per frame, garbage run, truncated frame or gap) as Arrow."""
-    cols = FrameColumns().extend(_records(source, stats))
-    schema = arrow_schema()
-    return pa.table({f.name: pa.array(cols.cols[f.name], type=f.type) for f in schema}, schema=schema)
-
-
-def frames_df(source: str | Path | Iterable[str | Path] | Iterable[Record], *, stats: CaptureStats | None = None) -> pd.DataFrame:
+def frames_df(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pd.DataFrame:
     """The frames table as a pandas DataFrame (nullable integer dtypes, uint64 kept exact)."""
-    return frames_table(source, stats=stats).to_pandas(types_mapper=_PANDAS.get)
+    return frames_table(source, stats=stats, **options).to_pandas(types_mapper=_PANDAS.get)
 
 
 def write_parquet(table: pa.Table, path: str | Path) -> None:

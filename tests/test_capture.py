@@ -120,6 +120,8 @@ def test_conflicting_retransmission_is_counted(tmp_path: Path) -> None:
     recs, st = records(w.path)
     assert ours(recs, 1, "s2c") == truth(w, 0, "s2c")  # the first copy wins
     assert sum(h.conflicts for h in st.connections[0].halves.values()) == 1
+    where = [p for h in st.connections[0].halves.values() for p in h.conflict_packets]
+    assert where == [f.number for f in w.frames if f.kind == "conflict"]
 
 
 def test_dropped_segment_is_an_exact_gap_and_decoding_resumes(tmp_path: Path) -> None:

@@ -1,0 +1,556 @@
+"""The frames table as Arrow record batches, built a column at a time (edge: numpy, pyarrow).
+
+:func:`chunk_batch` turns a :class:`~dcpinspect.records.RecordChunk` into one
+``pyarrow.RecordBatch`` with the columns of :data:`~dcpinspect.columns.FRAME_COLUMNS`,
+equal row for row to what :class:`~dcpinspect.columns.FrameColumns` builds by
+dissecting every frame - only faster:
+
+* the 24-byte headers of all frames are read at once into numpy arrays;
+* frames are grouped by (magic, opcode, extras length, status, context); for
+  each group the protocol table picks the layout once (the same ``_select``
+  :func:`~dcpinspect.dissect.dissect` uses), and the extras are read for the
+  whole group through a numpy dtype made from the layout's struct;
+* every rule :func:`~dcpinspect.dissect.dissect` could break for that layout
+  (the table's zero/non-zero, order, flag and enum rules, CAS and datatype
+  rules, key and value presence, LEB128 collection ids, JSON documents) is
+  *tested* on the arrays; a row that may break one - and every row of a layout
+  this module does not vectorise (stream ids, system events, FlatBuffers,
+  xattrs, snappy, the session commands, the UPR draft, garbage and gaps) - is
+  dissected one by one, exactly as before.
+
+So problem messages come only from ``dissect``: this module decides which
+rows are provably clean, never what their problems are.  JSON documents are
+validated in bulk by Arrow's JSON parser behind guards (objects only, UTF-8,
+no control bytes, bounded nesting) that leave every case where Arrow and
+Python's ``json`` could disagree to ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from . import spec
+from .columns import COLUMN_NAMES, DCP_COLUMNS, FRAME_COLUMNS, FrameColumns, dcp_values
+from .decoder import Frame
+from .dissect import _DOC_KINDS, _GENERIC, DissectContext, _names, _select
+from .fields import ENUM, FLAGS, Variant
+from .flows import DEFAULT_SERVER_PORTS
+from .records import CaptureStats, RecordChunk, read_chunks
+
+__all__ = ["SCHEMA", "arrow_schema", "chunk_batch", "read_batches", "record_batches"]
+
+_TYPES = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "uint8": pa.uint8(),
+    "uint16": pa.uint16(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "timestamp[ns]": pa.timestamp("ns", tz="UTC"),
+    "list<string>": pa.list_(pa.string()),
+}
+_NUMPY = {"uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "int32": "i4", "int64": "i8"}
+
+
+def arrow_schema() -> pa.Schema:
+    """The frames table's Arrow schema (from :data:`~dcpinspect.columns.FRAME_COLUMNS`)."""
+    return pa.schema([pa.field(name, _TYPES[typ], metadata={"description": desc}) for name, typ, desc in FRAME_COLUMNS])
+
+
+SCHEMA = arrow_schema()
+_HEADER = np.dtype(
+    [
+        ("magic", "u1"),
+        ("opcode", "u1"),
+        ("keylen", ">u2"),
+        ("extlen", "u1"),
+        ("datatype", "u1"),
+        ("vbs", ">u2"),
+        ("bodylen", ">u4"),
+        ("opaque", ">u4"),
+        ("cas", ">u8"),
+    ]
+)
+_STRUCT_CHARS = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8", "b": "i1", "h": ">i2", "i": ">i4", "q": ">i8"}
+_ROW = np.arange(24)
+_PER_FRAME = COLUMN_NAMES[12:]  # magic .. problems: from the frame (the first 12 come from the record)
+_JSON_PARSE = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
+_MAX_BRACKETS = 256  # documents with more '[' / '{' than this go to json.loads (Python's nesting limit)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a group of frames is read without dissecting each (None: dissect each)."""
+
+    name: str
+    role: str
+    variant: Variant
+    dtype: np.dtype[Any] | None
+    key_kind: str  # "doc" (cid may be split), "must" (key required), "none" (must be empty), "any"
+    split_cid: bool
+    value_kind: str  # "doc" (document; may be empty), "doc!" (must not be empty), "empty", "any"
+    status_name: str | None
+
+
+_PLANS: dict[tuple[int, int, int, int, DissectContext], _Plan | None] = {}
+
+
+def _dtype(v: Variant) -> np.dtype[Any] | None:
+    st = v.extras_struct
+    if st is None:
+        return None
+    chars = st.format.lstrip(">")
+    if any(ch not in _STRUCT_CHARS for ch in chars):
+        return None
+    dt = np.dtype([(name, _STRUCT_CHARS[ch]) for name, ch in zip(v.extras_names, chars, strict=True)])
+    return dt if dt.itemsize == v.extras_len else None
+
+
+def _plan(magic: int, opcode: int, extlen: int, status: int, ctx: DissectContext, rep: Frame) -> _Plan | None:
+    """The group's layout, if every frame of the group can be read from arrays (see the module doc)."""
+    if magic not in (0x80, 0x81):  # alt magics carry framing extras (stream ids, durability): dissect
+        return None
+    response = magic == 0x81
+    if response and status != spec.SUCCESS:
+        return None
+    cmd, name, _title = _names(opcode, magic)
+    if cmd is None or (cmd.obsolete and not response):
+        return None
+    if cmd.sid == "stream" and ctx.stream_ids and not response:
+        return None  # "stream id missing"
+    variants = cmd.response if response else cmd.request
+    for v in variants:
+        extlen_ok = all(want == extlen for attr, want in v.when if attr == "extlen")
+        fields = [a for a, _ in v.when if a not in ("extlen", "status")]
+        if extlen_ok and fields and not (set(fields) - {"vlen"} and v.extras_len != extlen):
+            return None  # the layout depends on more than the extras length: per frame
+    ext = rep[1][24 : 24 + extlen]
+    chosen = _select(variants, rep, ext, 0, response)
+    if chosen is None or chosen is _GENERIC:
+        return None
+    dt: np.dtype[Any] | None = None
+    if extlen:
+        if not chosen.extras or extlen != chosen.extras_len:
+            return None
+        dt = _dtype(chosen)
+        if dt is None:
+            return None
+    elif chosen.extras and not chosen.any_extras:
+        return None
+    for check in chosen.checks:
+        if check[0] == "context":
+            have = getattr(ctx, str(check[1]))
+            if have is not None and have is not check[2]:
+                return None
+    kk = chosen.key
+    if kk in ("doc", "doc?"):
+        key_kind = "must" if kk == "doc" else "any"
+    elif kk in ("none", "any"):
+        key_kind = kk
+    else:
+        return None
+    split = kk in ("doc", "doc?") and bool(ctx.collections)
+    vk = chosen.value
+    if isinstance(vk, tuple):
+        if vk:
+            return None
+        value_kind = "empty"
+    elif vk in _DOC_KINDS:
+        value_kind = "doc!" if vk == "doc" else "doc"
+    elif vk == "none":
+        value_kind = "empty"
+    elif vk == "any":
+        value_kind = "any"
+    else:
+        return None
+    status_name = spec.STATUS.get(status, f"unknown 0x{status:04x}") if response else None
+    return _Plan(name, "response" if response else "request", chosen, dt, key_kind, split, value_kind, status_name)
+
+
+def _suspect_extras(plan: _Plan, ext: np.ndarray | None, cas: np.ndarray, datatype: np.ndarray) -> np.ndarray:
+    """Rows of one group that may break one of the layout's rules (they are dissected)."""
+    v = plan.variant
+    bad = np.zeros(len(cas), bool)
+    if v.cas == "zero":
+        bad |= cas != 0
+    elif v.cas == "nonzero":
+        bad |= cas == 0
+    if v.datatypes is not None:
+        bad |= ~np.isin(datatype, np.fromiter(v.datatypes, np.int64))
+    if ext is None:
+        return bad
+    names = v.extras_names
+    for i, _off, f in v.extras_checked:
+        col = ext[names[i]].astype(np.uint64)
+        if f.invalid:
+            if f.kind == FLAGS:
+                bits = 0
+                for bit in f.invalid:
+                    bits |= bit
+                bad |= (col & np.uint64(bits)) != 0
+            else:
+                bad |= np.isin(col, np.array(list(f.invalid), np.uint64))
+        if f.strict and f.names is not None:
+            if f.kind == FLAGS:
+                known = 0
+                for bit in f.names:
+                    known |= bit
+                bad |= (col & ~np.uint64(known)) != 0
+            elif f.kind == ENUM:
+                ok = list(f.names) + list(f.invalid or ())
+                bad |= ~np.isin(col, np.array(ok, np.uint64))
+    for i, zero, _msg in v.zero_checks:
+        col = ext[names[i]]
+        bad |= (col != 0) if zero else (col == 0)
+    for check in v.other_checks:
+        kind = check[0]
+        if kind == "context" or check[1] not in names:
+            continue  # context rules were settled per group; body fields are not on this path
+        col = ext[check[1]]
+        if kind == "zero":
+            bad |= col != 0
+        elif kind == "nonzero":
+            bad |= col == 0
+        elif kind == "order":
+            if check[2] in names:
+                bad |= col > ext[check[2]]
+        elif kind in ("exclusive", "requires", "only"):
+            a, b = int(check[2]), int(check[3])  # type: ignore[call-overload]
+            u = col.astype(np.uint64)
+            has_a = (u & np.uint64(a)) != 0
+            if kind == "exclusive":
+                bad |= has_a & ((u & np.uint64(b)) != 0)
+            elif kind == "requires":
+                bad |= has_a & ((u & np.uint64(b)) == 0)
+            else:
+                bad |= has_a & ((u & ~np.uint64(b)) != 0)
+        else:  # a rule this module does not know: dissect
+            bad[:] = True
+    return bad
+
+
+def _json_suspects(values: list[memoryview]) -> np.ndarray:
+    """Which JSON documents need ``json.loads`` (may be invalid, or Arrow could disagree)."""
+    n = len(values)
+    bad = np.zeros(n, bool)
+    if not n:
+        return bad
+    lens = np.fromiter(map(len, values), np.int64, n)
+    joined = b"\n".join(values)
+    arr = np.frombuffer(joined, np.uint8)
+    starts = np.concatenate(([0], np.cumsum(lens + 1)[:-1]))
+    bad |= arr[starts] != ord("{")
+    ctrl = np.flatnonzero((arr < 0x20) & (arr != 0x0A))
+    if len(ctrl):
+        bad[np.searchsorted(starts, ctrl, side="right") - 1] = True
+    for i in np.flatnonzero(lens > _MAX_BRACKETS):
+        v = bytes(values[i])
+        if v.count(b"[") + v.count(b"{") > _MAX_BRACKETS:
+            bad[i] = True
+    try:
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
+        for j in range(n):
+            try:
+                bytes(values[j]).decode("utf-8")
+            except UnicodeDecodeError:
+                bad[j] = True
+    good = np.flatnonzero(~bad)
+    if not len(good):
+        return bad
+    if len(good) < n:
+        joined = b"\n".join(values[i] for i in good)
+    try:
+        parsed = pajson.read_json(
+            io.BytesIO(joined),
+            parse_options=_JSON_PARSE,
+            read_options=pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(joined) + 1)),
+        )
+        ok = parsed.num_rows == len(good)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = False
+    if not ok:  # some document is not valid: find which, the slow way
+        import json
+
+        for i in good:
+            try:
+                json.loads(bytes(values[i]))
+            except (ValueError, RecursionError):
+                bad[i] = True
+    return bad
+
+
+def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length slices of ``buf`` as (int32 offsets, bytes) for an Arrow binary array."""
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    total = int(offsets[-1])
+    if total:
+        idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total)
+        data = buf[idx]
+    else:
+        data = np.zeros(0, np.uint8)
+    return offsets.astype(np.int32), data
+
+
+def chunk_batch(chunk: RecordChunk) -> pa.RecordBatch:
+    """One :class:`RecordChunk` as an Arrow record batch of the frames table."""
+    n = len(chunk)
+    events = chunk.events
+    if set(map(type, events)) == {Frame} and set(map(_DIALECT, events)) == {"mcbp"}:  # the common case, at C speed
+        fast = np.ones(n, bool)
+        fidx = np.arange(n)
+        fevents = events
+    else:
+        fast = np.fromiter((e.__class__ is Frame and e[2] == "mcbp" for e in events), bool, n)
+        fidx = np.flatnonzero(fast)
+        fevents = [events[i] for i in fidx]
+    raws: list[bytes] = list(map(_RAW, fevents))
+    m = len(raws)
+    lens = np.fromiter(map(len, raws), np.int64, m)
+    starts = np.zeros(m, np.int64)
+    if m:
+        np.cumsum(lens[:-1], out=starts[1:])
+    joined = b"".join(raws)
+    buf = np.frombuffer(joined, np.uint8)
+    h = buf[starts[:, None] + _ROW].view(_HEADER).reshape(-1) if m else np.zeros(0, _HEADER)
+    magic, opcode, extlen, datatype = h["magic"], h["opcode"], h["extlen"], h["datatype"]
+    vbs, bodylen, opaque, cas = (h[f].astype(h[f].dtype.newbyteorder("=")) for f in ("vbs", "bodylen", "opaque", "cas"))
+    keylen = h["keylen"].astype(np.int64)
+    response = (magic == 0x81) | (magic == 0x18) | (magic == 0x83)
+
+    # groups: (context, magic, opcode, extras length, status of a response)
+    ctx_of: dict[int, DissectContext] = {}
+    contexts = chunk.context if m == n else [chunk.context[i] for i in fidx]
+    ctx_ids = np.fromiter(map(id, contexts), np.int64, m)
+    for i in np.unique(ctx_ids, return_index=True)[1] if m else ():
+        ctx_of[id(contexts[i])] = contexts[i]
+    ctx_codes, ctx_inv = np.unique(ctx_ids, return_inverse=True)
+    gkey = (
+        (ctx_inv.astype(np.int64) << 40)
+        | (magic.astype(np.int64) << 32)
+        | (opcode.astype(np.int64) << 24)
+        | (extlen.astype(np.int64) << 16)
+        | np.where(response, vbs, 0).astype(np.int64)
+    )
+    gkeys, gfirst, ginv = np.unique(gkey, return_index=True, return_inverse=True)
+
+    slow = np.zeros(m, bool)
+    slow |= (datatype & ~np.uint8(spec.DATATYPE_MASK)) != 0
+    v0 = starts + 24 + extlen + keylen
+    ends = starts + lens
+    vlen = ends - v0
+    key_start = starts + 24 + extlen
+    key_len = keylen.copy()
+    cid = np.zeros(m, np.uint32)
+    has_cid = np.zeros(m, bool)
+    names: list[str] = []
+    roles: list[str] = []
+    status_names: list[str | None] = []
+    extras_cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (values, set?)
+    json_rows: list[int] = []
+    for g, first in enumerate(gfirst):
+        rows = np.flatnonzero(ginv == g)
+        k = int(gkeys[g])
+        ctx = ctx_of[int(ctx_codes[ctx_inv[first]])]
+        plan_key = (k >> 32 & 0xFF, k >> 24 & 0xFF, k >> 16 & 0xFF, k & 0xFFFF, ctx)
+        plan = _PLANS.get(plan_key, ...)
+        if plan is ...:
+            if len(_PLANS) > 4096:  # hostile captures: many odd groups
+                _PLANS.clear()
+            plan = _PLANS[plan_key] = _plan(*plan_key, fevents[first])
+        names.append(plan.name if plan else "")
+        roles.append(plan.role if plan else "")
+        status_names.append(plan.status_name if plan else None)
+        if plan is None:
+            slow[rows] = True
+            continue
+        ext = None
+        if plan.dtype is not None:
+            el = plan.dtype.itemsize
+            ext = buf[(starts[rows] + 24)[:, None] + np.arange(el)].view(plan.dtype).reshape(-1)
+            ext = ext.astype(plan.dtype.newbyteorder("="))
+        bad = _suspect_extras(plan, ext, cas[rows], datatype[rows])
+        kl = keylen[rows]
+        vl = vlen[rows]
+        if plan.key_kind == "must":
+            bad |= kl == 0
+        elif plan.key_kind == "none":
+            bad |= kl != 0
+        if plan.split_cid:
+            first_byte = buf[np.minimum(key_start[rows], len(buf) - 1)]
+            bad |= (kl > 0) & (((first_byte & 0x80) != 0) | (kl == 1))
+            withkey = kl > 0
+            cid[rows] = np.where(withkey, first_byte, 0)
+            has_cid[rows] = withkey
+            key_start[rows] += withkey
+            key_len[rows] -= withkey
+        if plan.value_kind == "empty":
+            bad |= vl != 0
+        elif plan.value_kind in ("doc", "doc!"):
+            dt = datatype[rows]
+            if plan.value_kind == "doc!":
+                bad |= vl == 0
+            bad |= (vl > 0) & ((dt & 0x06) != 0)
+            js = rows[(vl > 0) & ((dt & 0x01) != 0) & ~bad]
+            json_rows.extend(js.tolist())
+        slow[rows[bad]] = True
+        if ext is not None:
+            op = int(k >> 24 & 0xFF)
+            resp = plan.role == "response"
+            for col, values in dcp_values(op, resp, {nm: ext[nm] for nm in ext.dtype.names or ()}, {}).items():
+                if col not in extras_cols:
+                    typ = np.dtype(_NUMPY[_COLTYPE[col]])
+                    extras_cols[col] = (np.zeros(m, typ), np.zeros(m, bool))
+                arr, isset = extras_cols[col]
+                arr[rows] = values
+                isset[rows] = True
+    if json_rows:
+        jr = np.array(json_rows, np.int64)
+        mv = memoryview(joined)
+        values = [mv[a:b] for a, b in zip(v0[jr].tolist(), ends[jr].tolist(), strict=True)]
+        slow[jr[_json_suspects(values)]] = True
+
+    # the rows dissected one by one: garbage, gaps, truncated, and every frame not proven clean
+    sidx = np.sort(np.concatenate((np.flatnonzero(~fast), fidx[slow])))
+    slow_cols = FrameColumns()
+    if len(sidx):
+        want = set(sidx.tolist())
+        for rec in chunk.records():
+            if rec.number - chunk.first_number in want:
+                slow_cols.add(rec)
+    ok = ~slow
+    fi = fidx[ok]
+    order = np.concatenate((fi, sidx))
+    take = np.empty(n, np.int64)
+    take[order] = np.arange(n)
+    take_arr = pa.array(take) if len(sidx) else None
+
+    cols: dict[str, pa.Array] = {}
+    names_arr = pa.array(names, pa.string())
+    gi = pa.array(ginv[ok])
+    resp_ok = response[ok]
+    fast_cols: dict[str, Any] = {
+        "type": pa.repeat(pa.scalar("frame"), len(fi)),
+        "offset": np.fromiter(map(_OFFSET, fevents), np.int64, m)[ok],
+        "length": lens[ok],
+        "magic": magic[ok],
+        "opcode": opcode[ok],
+        "name": names_arr.take(gi),
+        "role": pa.array(roles, pa.string()).take(gi),
+        "vbucket": pa.array(vbs[ok], mask=resp_ok),
+        "status": pa.array(vbs[ok], mask=~resp_ok),
+        "status_name": pa.array(status_names, pa.string()).take(gi),
+        "opaque": opaque[ok],
+        "cas": cas[ok],
+        "datatype": datatype[ok],
+        "cid": pa.array(cid[ok], mask=~has_cid[ok]),
+        "body_length": bodylen[ok],
+        "value_length": (bodylen.astype(np.int64) - extlen - keylen)[ok],
+    }
+    klen = key_len[ok]
+    koffs, kdata = _gather(buf, key_start[ok], klen)
+    valid = pa.py_buffer(np.packbits(klen > 0, bitorder="little").tobytes())
+    keys = pa.Array.from_buffers(pa.binary(), len(fi), [valid, pa.py_buffer(koffs), pa.py_buffer(kdata.tobytes())])
+    try:
+        fast_cols["key"] = keys.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: escaped as dissect does
+        fast_cols["key"] = pa.array([None if k is None else k.decode("utf-8", "backslashreplace") for k in keys.to_pylist()], pa.string())
+    for col, (arr, isset) in extras_cols.items():
+        fast_cols[col] = pa.array(arr[ok], mask=~isset[ok])
+    fast_cols["problems"] = pa.ListArray.from_arrays(pa.array(np.zeros(len(fi) + 1, np.int32)), pa.array([], pa.string()))
+
+    for f in SCHEMA:
+        name = f.name
+        if name in _PER_FRAME or name in ("type", "offset", "length"):
+            fa = fast_cols.get(name)
+            fa = pa.nulls(len(fi), f.type) if fa is None else pa.array(fa, f.type) if not isinstance(fa, pa.Array) else fa.cast(f.type)
+            if take_arr is None:
+                cols[name] = fa
+            else:
+                cols[name] = pa.concat_arrays([fa, pa.array(slow_cols.cols[name], f.type)]).take(take_arr)
+    counts = np.array(chunk.counts, np.int64)
+    cols["file"] = _repeat_strings(chunk.file, counts)
+    cols["frame"] = pa.array(np.arange(chunk.first_number, chunk.first_number + n, dtype=np.int64))
+    conn = np.repeat(np.array(chunk.conn, np.int32), counts)
+    cols["conn_id"] = pa.array(conn)
+    label_ids = np.array(sorted(chunk.labels), np.int32)
+    cols["conn"] = pa.array([chunk.labels[c] for c in label_ids.tolist()], pa.string()).take(pa.array(np.searchsorted(label_ids, conn)))
+    cols["dir"] = _repeat_strings(chunk.direction, counts)
+    ts = np.repeat(np.array(chunk.ts, np.int64), counts)
+    packet = np.repeat(np.array(chunk.packet, np.int64), counts)
+    ts_first, packet_first = ts.copy(), packet.copy()
+    if chunk.heads:
+        at = np.fromiter(chunk.heads, np.int64, len(chunk.heads))
+        hv = np.array(list(chunk.heads.values()), np.int64).reshape(-1, 4)
+        ts_first[at], ts[at], packet_first[at], packet[at] = hv[:, 0], hv[:, 1], hv[:, 2], hv[:, 3]
+    tstype = SCHEMA.field("ts").type
+    cols["ts"] = pa.array(ts).cast(tstype)
+    cols["ts_first"] = pa.array(ts_first).cast(tstype)
+    cols["packet"] = pa.array(packet)
+    cols["packet_first"] = pa.array(packet_first)
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def _repeat_strings(values: list[str], counts: np.ndarray) -> pa.Array:
+    """``values[i]`` repeated ``counts[i]`` times, as an Arrow string array."""
+    uniq = sorted(set(values))
+    codes = np.searchsorted(np.array(uniq, object), np.array(values, object)) if len(uniq) > 1 else np.zeros(len(values), np.int64)
+    return pa.array(uniq, pa.string()).take(pa.array(np.repeat(codes, counts)))
+
+
+_RAW: Callable[[Any], bytes] = itemgetter(1)
+_OFFSET: Callable[[Any], int] = itemgetter(0)
+_DIALECT: Callable[[Any], str] = itemgetter(2)
+_COLTYPE = {name: typ for name, typ, _ in FRAME_COLUMNS}
+assert set(DCP_COLUMNS) <= set(_COLTYPE)
+
+
+def record_batches(chunks: Iterable[RecordChunk]) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the frames table, one per chunk.
+
+    Python's cyclic garbage collector is paused while they are built: the
+    decoder allocates one small object per frame and none of them form
+    cycles, while each full collection would walk every frame still held.
+    """
+    it = iter(chunks)
+    while True:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            chunk = next(it, None)
+            batch = None if chunk is None else chunk_batch(chunk)
+            del chunk
+        finally:
+            if was:
+                gc.enable()
+        if batch is None:
+            return
+        yield batch
+
+
+def read_batches(
+    paths: Iterable[str],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The frames table of capture files as Arrow record batches of about ``rows`` rows."""
+    chunks = read_chunks(
+        paths, rows=rows, server_ports=server_ports, detect=detect, stats=stats, reveal_secrets=reveal_secrets, progress=progress
+    )
+    yield from record_batches(chunks)
