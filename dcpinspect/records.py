@@ -180,6 +180,65 @@ def _batches(
     st.skipped["not memcached-binary TCP"] += r.skipped_segments
 
 
+class Recorder:
+    """Push-based records: feed segments as they happen (a proxy, a client, a sniffer).
+
+    The same reassembly, decoding, numbering and per-connection context as
+    :func:`iter_records` (which is built on it)::
+
+        rec = Recorder()
+        for seg in live_segments:
+            for record in rec.feed(seg):
+                ...
+        rest = rec.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+        detect: bool = True,
+        tls_ports: Iterable[int] = TLS_PORTS,
+        max_body: int = DEFAULT_MAX_BODY,
+        stats: CaptureStats | None = None,
+        reveal_secrets: bool = False,
+    ) -> None:
+        self.reassembler = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+        self.stats = stats if stats is not None else CaptureStats()
+        self.stats.connections = self.reassembler.connections
+        self._sessions = _Sessions(self.stats.states, reveal_secrets)
+        self.number = 0
+        self._closed = False
+
+    def feed(self, segment: Segment) -> list[Record]:
+        """Take one segment; return the records it completed."""
+        return self._records(self.reassembler.feed_raw(segment))
+
+    def close(self) -> list[Record]:
+        """End of input: the records still held (truncated frames, gaps)."""
+        if self._closed:
+            return []
+        self._closed = True
+        out = self._records(self.reassembler.close_raw())
+        self.stats.skipped["not memcached-binary TCP"] += self.reassembler.skipped_segments
+        return out
+
+    def _records(self, batches: list[Batch]) -> list[Record]:
+        out: list[Record] = []
+        for b in batches:
+            conn, d = b[0], b[1]
+            label = conn.label
+            file = b[6] or conn.file
+            state = self._sessions.state(conn)
+            for ev, ts_first, ts_last, p_first, p_last in expand(b):
+                self.number += 1
+                out.append(Record(self.number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context))
+                if ev.__class__ is Frame and ev[1][1] in _SESSION_OPS and ev[2] == "mcbp":
+                    state.observe(d, ev)
+        self.stats.records = self.number
+        return out
+
+
 def iter_records(
     segments: Iterable[Segment],
     *,
@@ -191,22 +250,14 @@ def iter_records(
     reveal_secrets: bool = False,
 ) -> Iterator[Record]:
     """Reassemble, decode and contextualise ``segments``; yield records in completion order."""
-    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
-    st = stats if stats is not None else CaptureStats()
-    sessions = _Sessions(st.states, reveal_secrets)
-    number = 0
-    for b in _batches(segments, r, st):
-        conn, d = b[0], b[1]
-        label = conn.label
-        file = b[6] or conn.file
-        state = sessions.state(conn)
-        for ev, ts_first, ts_last, p_first, p_last in expand(b):
-            number += 1
-            yield Record(number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context)
-            if ev.__class__ is Frame and ev[1][1] in _SESSION_OPS and ev[2] == "mcbp":
-                state.observe(d, ev)
-        st.records = number
-    st.records = number
+    rec = Recorder(
+        server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, stats=stats, reveal_secrets=reveal_secrets
+    )
+    for seg in segments:
+        out = rec.feed(seg)
+        if out:
+            yield from out
+    yield from rec.close()
 
 
 @dataclass
