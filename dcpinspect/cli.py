@@ -369,6 +369,10 @@ def _capture_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+#: live commands -> the module whose ``command(argv, out=...)`` runs them
+LIVE_COMMANDS = {"sim": "sim", "client": "client", "proxy": "proxy", "sniff": "sniff"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     p = argparse.ArgumentParser(prog="dcpinspect", description="Inspect DCP and memcached binary protocol traffic.")
@@ -416,6 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
     """Run the CLI; returns the exit status."""
     out = out or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in LIVE_COMMANDS:  # the live tools own their command lines
+        import importlib
+
+        module = importlib.import_module(f"dcpinspect.{LIVE_COMMANDS[argv[0]]}")
+        return int(module.command(argv[1:], out=out))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
