@@ -299,6 +299,33 @@ def _cmd_show(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return 0
 
 
+def _cmd_timeline(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    from .records import CaptureStats
+    from .timeline import TimelineBuilder
+    from .timeline_tables import story
+
+    stats = CaptureStats()
+    builder = TimelineBuilder()
+    for rec in _read(args, stats):
+        builder.feed(rec)
+    t = builder.timeline()
+    bad = _report_files(stats)
+    if args.json:
+        for s in t.streams:
+            if (args.vbucket is None or s.vbucket == args.vbucket) and (args.conn is None or s.conn == args.conn):
+                out.write(json.dumps(s.as_dict()) + "\n")
+        for vb, branches in sorted(t.branches.items()):
+            if args.vbucket is None or vb == args.vbucket:
+                tree = [
+                    {"uuid": b.uuid, "seqno": b.seqno, "first_frame": b.first_frame, "cut_frame": b.cut_frame, "cut_by": b.cut_by}
+                    for b in branches
+                ]
+                out.write(json.dumps({"vbucket": vb, "branches": tree}) + "\n")
+    else:
+        out.write("".join(safe_text(line) + "\n" for line in story(t, vbucket=args.vbucket, conn=args.conn).splitlines()))
+    return 1 if bad == len(stats.files) and bad else 0
+
+
 def _cmd_summary(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from collections import Counter
 
@@ -414,6 +441,19 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summary", help="connections, negotiated features, per-command counts, bytes lost, problems")
     _capture_args(sm)
     sm.set_defaults(func=_cmd_summary)
+    tl = sub.add_parser("timeline", help="per-stream timelines: attempts, rollbacks explained, snapshots, ends, anomalies")
+    _capture_args(tl)
+    tl.add_argument("--json", action="store_true", help="one JSON object per stream, then one per vbucket branch tree")
+    tl.add_argument("--vbucket", type=int, help="only this vbucket")
+    tl.add_argument("--conn", type=int, help="only this connection")
+    tl.set_defaults(func=_cmd_timeline)
+    for name, what in (
+        ("sim", "run the DCP producer simulator"),
+        ("client", "stream from a server as a DCP client"),
+        ("proxy", "a byte-exact tap proxy that decodes and records"),
+        ("sniff", "capture and decode live from an interface"),
+    ):
+        sub.add_parser(name, help=f"{what} (see 'dcpinspect {name} --help')", add_help=False)
     return p
 
 

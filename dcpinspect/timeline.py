@@ -1,0 +1,798 @@
+"""Per-stream timelines: the story of each DCP stream, built from records (pure, incremental).
+
+Feed :class:`~dcpinspect.records.Record` objects one at a time (live) or in
+bulk (a capture) to a :class:`TimelineBuilder`; the result is the same either
+way.  It follows FACTS §7:
+
+* connections (DCP_OPEN name and flags, HELLO features, controls and their
+  replies, buffer size, noop interval, SASL mechanism and user - never the
+  secret, bucket);
+* streams, identified as the protocol does (§7.1): (connection, vbucket) or
+  (connection, vbucket, stream id), joined to messages by the stream-request
+  opaque; a new STREAM_REQ after a stream ended starts a new segment;
+* per stream the attempts (every STREAM_REQ and its outcome: success with the
+  failover log, rollback with the seqno, or an error), snapshots with the items
+  inside them, the end;
+* per vbucket a failover-log branch tree merged from every log seen, with each
+  rollback explained by replaying the producer's rule (§7.4) on what was seen;
+* flow control (bytes outstanding per §7.5, acks, stalls) and noops;
+* anomalies, each tied to the frame numbers involved.
+
+No I/O and no heavy imports; :mod:`dcpinspect.timeline_frames` turns a
+:class:`Timeline` into DataFrames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import spec
+from .decoder import Frame
+from .dissect import DissectContext, Dissection, dissect
+from .records import Record
+
+__all__ = [
+    "Anomaly",
+    "Attempt",
+    "Branch",
+    "ConnectionInfo",
+    "Snapshot",
+    "Stream",
+    "Timeline",
+    "TimelineBuilder",
+    "build_timeline",
+]
+
+MAX_SEQNO = 2**64 - 1
+MAX_FRAMES = 1000  # frame numbers kept per (merged) anomaly
+#: producer messages that belong to a stream (FACTS §7.1) and count against flow control (§7.5)
+STREAM_MESSAGES = frozenset((0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67))
+#: the items of a snapshot (seqno-carrying data messages)
+ITEMS = frozenset((0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64))
+SYNC_WRITES = frozenset((0x60, 0x61, 0x62, 0x63))
+#: requests that expect a response (the rest - producer stream messages, buffer acks, seqno acks - do not)
+EXPECTS_RESPONSE = frozenset((0x1F, 0x20, 0x21, 0x22, 0x89, 0xFE, 0x48, 0x50, 0x52, 0x53, 0x54, 0x5C, 0x5E, 0x96, 0x10))
+_SEQNO_FIELD = {
+    0x57: "by_seqno",
+    0x58: "by_seqno",
+    0x59: "by_seqno",
+    0x5F: "by_seqno",
+    0x60: "by_seqno",
+    0x62: "commit_seqno",
+    0x63: "abort_seqno",
+    0x64: "seqno",
+}
+
+
+@dataclass
+class Anomaly:
+    """Something the protocol does not allow (or that looks wrong), with the frames involved."""
+
+    kind: str
+    frames: list[int]
+    message: str
+    conn: int | None = None
+    vbucket: int | None = None
+    stream_id: int | None = None
+    uncertain: bool = False  # bytes were lost on this connection before it: it may be the capture's fault
+    count: int = 1  # repeats merged into this one (consecutive, same kind, same stream)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"kind": self.kind, "frames": self.frames, "message": self.message, "uncertain": self.uncertain, "count": self.count}
+
+
+@dataclass
+class ConnectionInfo:
+    """What one connection negotiated."""
+
+    conn: int
+    label: str = ""
+    name: str = ""  # DCP_OPEN key
+    side: str = ""  # "producer" (the server produces) or "consumer" (a consumer connection: the server consumes)
+    open_flags: int | None = None
+    features: list[str] = field(default_factory=list)
+    controls: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (value, response status name)
+    buffer_size: int | None = None
+    noop_interval: float | None = None
+    sasl_mechanism: str = ""
+    sasl_user: str = ""
+    bucket: str = ""
+    producer_dir: str = "s2c"  # direction the producer's stream messages travel
+    lost: int = 0  # bytes lost to capture gaps
+    closed_frame: int | None = None
+
+
+@dataclass
+class Attempt:
+    """One DCP_STREAM_REQ and its outcome."""
+
+    frame: int
+    ts: int
+    opaque: int
+    flags: int
+    start: int
+    end: int
+    uuid: int
+    snap_start: int
+    snap_end: int
+    value: Any = None  # the JSON value (collections filter, sid, purge_seqno)
+    outcome: str | None = None  # "success" | "rollback" | "error" | None (no answer seen)
+    status: int | None = None
+    status_name: str | None = None
+    rollback_seqno: int | None = None
+    failover_log: list[tuple[int, int]] = field(default_factory=list)
+    response_frame: int | None = None
+    explanation: str = ""
+    predicted: int | None = None  # the rollback seqno FACTS §7.4 predicts from what was seen (None: cannot tell)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the ``attempts`` entries of ``dcpinspect timeline --json``)."""
+        return {
+            "frame": self.frame,
+            "start": self.start,
+            "end": self.end,
+            "uuid": self.uuid,
+            "snap_start": self.snap_start,
+            "snap_end": self.snap_end,
+            "flags": self.flags,
+            "outcome": self.outcome,
+            "status": self.status,
+            "rollback_seqno": self.rollback_seqno,
+            "failover_log": [[u, s] for u, s in self.failover_log],
+            "explanation": self.explanation,
+        }
+
+
+@dataclass
+class Snapshot:
+    """One snapshot marker and the items that fell inside it."""
+
+    frame: int
+    start: int
+    end: int
+    flags: int
+    version: str = "v1"
+    max_visible: int | None = None
+    high_completed: int | None = None
+    purge_seqno: int | None = None
+    high_prepared: int | None = None
+    items: int = 0
+    first_seqno: int | None = None
+    last_seqno: int | None = None
+    last_frame: int | None = None
+    complete: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "start": self.start,
+            "end": self.end,
+            "flags": self.flags,
+            "items": self.items,
+            "first_seqno": self.first_seqno,
+            "last_seqno": self.last_seqno,
+        }
+
+
+@dataclass
+class Item:
+    """One data message of a stream (kept compactly: the DataFrame has one row each)."""
+
+    frame: int
+    ts: int
+    opcode: int
+    seqno: int | None
+    snapshot: int  # index into Stream.snapshots (-1: before any marker)
+    key: bytes = b""
+
+
+@dataclass
+class Stream:
+    """One stream segment: (connection, vbucket[, stream id]) from its first request to its end."""
+
+    conn: int
+    vbucket: int
+    stream_id: int | None
+    segment: int
+    attempts: list[Attempt] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    end: dict[str, Any] | None = None  # {"status", "name", "frame"}
+    closed_frame: int | None = None  # the consumer's CLOSE_STREAM
+    close_answered: int | None = None  # the producer's response to it
+    opaque: int | None = None
+    last_seqno: int | None = None
+    oso: bool = False  # inside an OSO snapshot (seqnos may be out of order)
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        """Whether the stream is open (a successful attempt, or data without a captured request, and no end yet)."""
+        return self.end is None and (not self.attempts or self.attempts[-1].outcome == "success")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (one object of ``dcpinspect timeline --json``)."""
+        return {
+            "conn": self.conn,
+            "vbucket": self.vbucket,
+            "stream_id": self.stream_id,
+            "attempts": [a.as_dict() for a in self.attempts],
+            "snapshots": [s.as_dict() for s in self.snapshots],
+            "items": len(self.items),
+            "end": self.end,
+            "anomalies": [a.as_dict() for a in self.anomalies],
+        }
+
+
+@dataclass
+class Branch:
+    """One failover-log entry as a branch of a vbucket's history."""
+
+    uuid: int
+    seqno: int
+    first_frame: int  # the frame whose log first showed it
+    order: int  # order of first sight
+    cut_frame: int | None = None  # the log that no longer had it
+    cut_by: int | None = None  # the newer entry whose branch point removed it (None: capped, or unknown)
+
+
+@dataclass
+class FlowSample:
+    """Bytes outstanding on a connection after one frame."""
+
+    conn: int
+    frame: int
+    ts: int
+    outstanding: int
+    event: str  # "sent" | "ack"
+    size: int
+
+
+@dataclass
+class Timeline:
+    """Everything the builder reconstructed."""
+
+    connections: dict[int, ConnectionInfo]
+    streams: list[Stream]
+    branches: dict[int, list[Branch]]  # vbucket -> branches in order of first sight
+    logs: dict[int, list[tuple[int, list[tuple[int, int]]]]]  # vbucket -> [(frame, log newest first)]
+    flow: list[FlowSample]
+    noops: list[dict[str, Any]]
+    anomalies: list[Anomaly]
+    high_seqnos: dict[int, tuple[int, int]]  # vbucket -> (frame, high seqno) last seen
+
+    def stream(self, vbucket: int, conn: int | None = None) -> list[Stream]:
+        """The streams of one vbucket (on one connection)."""
+        return [s for s in self.streams if s.vbucket == vbucket and (conn is None or s.conn == conn)]
+
+
+@dataclass
+class _Conn:
+    info: ConnectionInfo
+    pending: dict[tuple[str, int], tuple[int, Dissection | None, int]] = field(
+        default_factory=dict
+    )  # (dir, opaque) -> (opcode, req, frame)
+    by_opaque: dict[int, Stream] = field(default_factory=dict)
+    by_key: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
+    stream_ids: bool = False
+    outstanding: int = 0
+    stalled_at: int | None = None  # frame where outstanding reached the buffer
+    noops: dict[int, tuple[int, int]] = field(default_factory=dict)  # opaque -> (frame, ts)
+    lost: bool = False
+
+
+class TimelineBuilder:
+    """Feed records; ask for :meth:`timeline` at any time (live) or at the end (bulk)."""
+
+    def __init__(self) -> None:
+        self._conns: dict[int, _Conn] = {}
+        self._streams: list[Stream] = []
+        self._segments: dict[tuple[int, int, int | None], int] = {}
+        self._branches: dict[int, list[Branch]] = {}
+        self._logs: dict[int, list[tuple[int, list[tuple[int, int]]]]] = {}
+        self._flow: list[FlowSample] = []
+        self._noops: list[dict[str, Any]] = []
+        self._anomalies: list[Anomaly] = []
+        self._high: dict[int, tuple[int, int]] = {}
+        self._purge: dict[int, tuple[int, int]] = {}  # vbucket -> (frame, purge seqno) from v2.2 markers
+        self._finished = False
+
+    # --- input -------------------------------------------------------------------
+    def feed(self, rec: Record) -> None:
+        """Take one record (in record order)."""
+        c = self._conn(rec)
+        ev = rec.event
+        if ev.type == "gap":
+            c.lost = True
+            c.info.lost += ev.length
+            return
+        if ev.type != "frame" or not isinstance(ev, Frame) or ev.dialect != "mcbp":
+            return
+        h = ev.header
+        magic, op = h[0], h[1]
+        if magic in (0x82, 0x83):
+            return
+        response = magic in spec.RESPONSE_MAGICS
+        opaque = h[7]
+        if response:
+            self._response(c, rec, ev, h, op, opaque)
+        else:
+            self._request(c, rec, ev, h, op, opaque)
+
+    def feed_all(self, records: Iterable[Record]) -> TimelineBuilder:
+        """Feed many records."""
+        for r in records:
+            self.feed(r)
+        return self
+
+    # --- connections -------------------------------------------------------------
+    def _conn(self, rec: Record) -> _Conn:
+        c = self._conns.get(rec.conn)
+        if c is None:
+            c = self._conns[rec.conn] = _Conn(ConnectionInfo(rec.conn, rec.conn_label))
+        return c
+
+    def _anomaly(self, c: _Conn, kind: str, frames: list[int], message: str, stream: Stream | None = None) -> None:
+        if stream is not None and stream.anomalies and stream.anomalies[-1].kind == kind and stream.anomalies[-1].uncertain == c.lost:
+            last = stream.anomalies[-1]  # the same thing again: one anomaly with every frame (bounded)
+            last.count += 1
+            if len(last.frames) < MAX_FRAMES:
+                last.frames.extend(f for f in frames if f not in last.frames[-len(frames) :])
+            return
+        a = Anomaly(
+            kind,
+            frames,
+            message,
+            c.info.conn,
+            stream.vbucket if stream else None,
+            stream.stream_id if stream else None,
+            uncertain=c.lost,
+        )
+        self._anomalies.append(a)
+        if stream is not None:
+            stream.anomalies.append(a)
+
+    # --- requests ----------------------------------------------------------------
+    def _request(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int) -> None:
+        n = rec.number
+        sid = fr.stream_id if h[0] == 0x08 else None
+        if op in STREAM_MESSAGES:
+            self._stream_message(c, rec, fr, h, op, opaque, sid)
+            return
+        d: Dissection | None = None
+        if op in (0x1F, 0x21, 0x20, 0x89, 0x50, 0x5E, 0x53, 0x52, 0x54, 0x96, 0x5D, 0x48):
+            d = dissect(fr, rec.context)
+        if op in EXPECTS_RESPONSE:
+            c.pending[(rec.direction, opaque)] = (op, d, n)
+            if len(c.pending) > 4096:
+                del c.pending[next(iter(c.pending))]
+        if op == 0x53 and d is not None:
+            self._stream_req(c, rec, d, h, opaque, sid)
+        elif op == 0x52:
+            key = (h[5], sid)
+            s = c.by_key.get(key)
+            if s is not None and s.active:
+                s.closed_frame = n
+        elif op == 0x5D and d is not None:
+            acked = d.extras.get("buffer_bytes")
+            if isinstance(acked, int):
+                c.outstanding = max(0, c.outstanding - acked)
+                self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "ack", acked))
+                if c.stalled_at is not None and c.info.buffer_size and c.outstanding < c.info.buffer_size:
+                    c.stalled_at = None
+        elif op == 0x5C:
+            c.noops[opaque] = (n, rec.ts)
+        elif op == 0x21 and d is not None:
+            c.info.sasl_mechanism = d.key_text
+            user = next((f.value for f in d.fields if f.path == "value.user"), None)  # never the password
+            if isinstance(user, str):
+                c.info.sasl_user = user
+        elif op in SYNC_WRITES and c.stream_ids:
+            self._anomaly(
+                c,
+                "sync write with stream ids",
+                [n],
+                f"{spec.COMMANDS[op].name} on a connection with stream ids enabled (they are exclusive)",
+            )
+
+    def _stream_req(self, c: _Conn, rec: Record, d: Dissection, h: tuple[Any, ...], opaque: int, sid: int | None) -> None:
+        ext = d.extras
+        if not isinstance(ext.get("start_seqno"), int):
+            return
+        doc = d.document if isinstance(d.document, dict) else None
+        if sid is None and doc is not None and isinstance(doc.get("sid"), int):
+            sid = doc["sid"]
+        vb = h[5]
+        key = (vb, sid)
+        attempt = Attempt(
+            rec.number,
+            rec.ts,
+            opaque,
+            ext.get("flags", 0),
+            ext["start_seqno"],
+            ext.get("end_seqno", MAX_SEQNO),
+            ext.get("vb_uuid", 0),
+            ext.get("snap_start_seqno", 0),
+            ext.get("snap_end_seqno", 0),
+            value=d.document,
+        )
+        s = c.by_key.get(key)
+        if s is not None and s.active:
+            self._anomaly(
+                c,
+                "stream already open",
+                [s.attempts[-1].frame, rec.number],
+                f"stream request for vbucket {vb} while a stream is live on this connection",
+                s,
+            )
+        if s is None or s.end is not None or (s.attempts and s.attempts[-1].outcome == "success"):
+            seg = self._segments.get((c.info.conn, vb, sid), -1) + 1
+            self._segments[(c.info.conn, vb, sid)] = seg
+            s = Stream(c.info.conn, vb, sid, seg)
+            self._streams.append(s)
+            c.by_key[key] = s
+        s.attempts.append(attempt)
+        s.opaque = opaque
+
+    def _stream_message(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int, sid: int | None) -> None:
+        n = rec.number
+        vb = h[5]
+        c.info.producer_dir = rec.direction
+        s = c.by_key.get((vb, sid)) if sid is not None else c.by_opaque.get(opaque)
+        if s is None or s.vbucket != vb:
+            s = c.by_key.get((vb, sid))
+        # flow control (FACTS §7.5): the full packet, a prepare 2 bytes more
+        size = len(fr[1]) + (2 if op == 0x60 else 0)
+        buf = c.info.buffer_size
+        if buf:
+            if c.outstanding >= buf:
+                self._anomaly(
+                    c, "flow-control overrun", [n], f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}", s
+                )
+            c.outstanding += size
+            self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "sent", size))
+            if c.outstanding >= buf and c.stalled_at is None:
+                c.stalled_at = n
+        if s is None:  # its stream request was not captured (or never sent): follow it anyway, say so once
+            seg = self._segments.get((c.info.conn, vb, sid), -1) + 1
+            self._segments[(c.info.conn, vb, sid)] = seg
+            s = Stream(c.info.conn, vb, sid, seg, opaque=opaque)
+            self._streams.append(s)
+            c.by_key[(vb, sid)] = s
+            c.by_opaque[opaque] = s
+            started_unseen = rec.context == DissectContext()  # the connection's start was not captured
+            a = Anomaly(
+                "no stream request",
+                [n],
+                f"{_name(op)} for vbucket {vb} (opaque 0x{opaque:08x}) before any stream request"
+                + (" (the connection's start was not captured)" if started_unseen else ""),
+                c.info.conn,
+                vb,
+                sid,
+                uncertain=c.lost or started_unseen,
+            )
+            self._anomalies.append(a)
+            s.anomalies.append(a)
+        if s.end is not None:
+            self._anomaly(c, "after stream end", [s.end["frame"], n], f"{_name(op)} after DCP_STREAM_END", s)
+            return
+        if s.close_answered is not None:
+            self._anomaly(c, "after close stream", [s.close_answered, n], f"{_name(op)} after the CLOSE_STREAM response", s)
+        if op == 0x56:
+            self._marker(c, rec, fr, s)
+        elif op == 0x55:
+            d = dissect(fr, rec.context)
+            status = d.extras.get("status")
+            s.end = {
+                "status": status,
+                "name": spec.STREAM_END_STATUS.get(status, "unknown") if isinstance(status, int) else None,
+                "frame": n,
+            }
+            if s.snapshots and not s.snapshots[-1].complete and status == 0:
+                snap = s.snapshots[-1]
+                self._anomaly(
+                    c, "snapshot never completed", [snap.frame, n], f"stream ended (OK) inside snapshot {snap.start}-{snap.end}", s
+                )
+            if c.by_opaque.get(opaque) is s:
+                del c.by_opaque[opaque]
+        elif op == 0x65:
+            d = dissect(fr, rec.context)
+            flags = d.extras.get("flags", 0)
+            s.oso = bool(flags & 0x01) and not flags & 0x02
+        elif op in ITEMS:
+            self._item(c, rec, fr, op, s)
+
+    def _marker(self, c: _Conn, rec: Record, fr: Frame, s: Stream) -> None:
+        d = dissect(fr, rec.context)
+        src = d.extras if "start_seqno" in d.extras else d.body
+        start, end, flags = src.get("start_seqno"), src.get("end_seqno"), src.get("flags", 0)
+        if not isinstance(start, int) or not isinstance(end, int):
+            return
+        prev = s.snapshots[-1] if s.snapshots else None
+        if prev is not None and not prev.complete and s.last_seqno is not None and s.last_seqno < prev.end:
+            self._anomaly(
+                c,
+                "snapshot never completed",
+                [prev.frame, rec.number],
+                f"new marker before snapshot {prev.start}-{prev.end} reached its end (last seqno {s.last_seqno})",
+                s,
+            )
+        if prev is not None and end < prev.end:
+            self._anomaly(
+                c,
+                "marker goes backwards",
+                [prev.frame, rec.number],
+                f"marker {start}-{end} ends before the previous one ({prev.start}-{prev.end})",
+                s,
+            )
+        elif prev is not None and s.last_seqno is not None and end <= s.last_seqno:
+            self._anomaly(
+                c,
+                "marker overlaps",
+                [prev.frame, rec.number],
+                f"marker {start}-{end} ends at or below seqno {s.last_seqno} already delivered",
+                s,
+            )
+        version = "v1" if "start_seqno" in d.extras else {0: "v2.0", 2: "v2.2"}.get(d.extras.get("version", -1), "v2")
+        snap = Snapshot(rec.number, start, end, flags, version)
+        b = d.body
+        snap.max_visible = b.get("max_visible_seqno")
+        snap.high_completed = b.get("high_completed_seqno")
+        snap.purge_seqno = b.get("purge_seqno")
+        snap.high_prepared = b.get("high_prepared_seqno")
+        if isinstance(snap.purge_seqno, int):
+            self._purge[s.vbucket] = (rec.number, snap.purge_seqno)
+        s.snapshots.append(snap)
+        s.oso = False
+
+    def _item(self, c: _Conn, rec: Record, fr: Frame, op: int, s: Stream) -> None:
+        n = rec.number
+        d = dissect(fr, rec.context)
+        seqno = d.extras.get(_SEQNO_FIELD.get(op, ""))
+        seqno = seqno if isinstance(seqno, int) else None
+        idx = len(s.snapshots) - 1
+        s.items.append(Item(n, rec.ts, op, seqno, idx, d.key))
+        if c.stream_ids and op in SYNC_WRITES:
+            self._anomaly(c, "sync write with stream ids", [n], f"{_name(op)} on a connection with stream ids enabled", s)
+        if seqno is None:
+            return
+        if idx < 0 and s.attempts:  # a stream followed from mid-way (request not captured) may start anywhere
+            self._anomaly(c, "item before marker", [n], f"{_name(op)} seqno {seqno} before any snapshot marker", s)
+        elif idx >= 0:
+            snap = s.snapshots[idx]
+            if op != 0x64 and not snap.start <= seqno <= snap.end and not s.oso:
+                self._anomaly(c, "seqno outside snapshot", [snap.frame, n], f"seqno {seqno} outside snapshot {snap.start}-{snap.end}", s)
+            snap.items += 1
+            if snap.first_seqno is None:
+                snap.first_seqno = seqno
+            snap.last_seqno = seqno
+            snap.last_frame = n
+            if seqno >= snap.end:
+                snap.complete = True
+        if s.last_seqno is not None and seqno <= s.last_seqno and not s.oso and op != 0x64:
+            self._anomaly(c, "seqno not increasing", [n], f"seqno {seqno} after {s.last_seqno}", s)
+        if not s.oso and (s.last_seqno is None or seqno > s.last_seqno):
+            s.last_seqno = seqno
+        elif s.oso:
+            s.last_seqno = max(s.last_seqno or 0, seqno)
+        a = s.attempts[-1] if s.attempts else None
+        if a is not None and seqno > a.end and a.end != MAX_SEQNO and op != 0x64:
+            self._anomaly(c, "beyond end seqno", [a.frame, n], f"seqno {seqno} beyond the requested end {a.end}", s)
+
+    # --- responses -------------------------------------------------------------------
+    def _response(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int) -> None:
+        n = rec.number
+        other = "c2s" if rec.direction == "s2c" else "s2c"
+        req = c.pending.pop((other, opaque), None)
+        status = h[5]
+        if op == 0x5C:
+            sent = c.noops.pop(opaque, None)
+            if sent is not None:
+                self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "rtt_ns": rec.ts - sent[1]})
+        if req is None or req[0] != op:
+            if op not in (0x56, 0x5B):  # acks of marker (Ack flag) and set-vbucket-state are not requests of ours
+                self._anomaly(c, "response without request", [n], f"{_name(op)} response (opaque 0x{opaque:08x}) matches no request")
+            return
+        _, d, req_frame = req
+        ok = status == spec.SUCCESS
+        if op == 0x53:
+            self._stream_resp(c, rec, fr, d, req_frame, opaque, status)
+        elif op == 0x52:
+            for s in c.by_key.values():
+                if s.closed_frame == req_frame:
+                    s.close_answered = n
+        elif op in (0x54, 0x96) and ok and d is not None:
+            resp = dissect(fr, rec.context)
+            log = _log(resp.body.get("failover_log"))
+            if log:
+                self._observe_log(h_vb(d), n, log)
+        elif op == 0x5E and d is not None:
+            key = d.key_text
+            value = str(d.document) if d.document is not None else ""
+            c.info.controls[key] = (value, spec.STATUS.get(status, f"0x{status:04x}"))
+            if ok:
+                if key == "connection_buffer_size" and value.isdigit():
+                    c.info.buffer_size = int(value)
+                elif key == "set_noop_interval":
+                    with contextlib.suppress(ValueError):
+                        c.info.noop_interval = float(value)
+                elif key == "enable_stream_id" and value == "true":
+                    c.stream_ids = True
+        elif op == 0x50 and ok and d is not None:
+            c.info.name = d.key_text
+            flags = d.extras.get("flags")
+            if isinstance(flags, int):
+                c.info.open_flags = flags
+                c.info.side = "producer" if flags & spec.OPEN_PRODUCER else "consumer"
+        elif op == 0x1F and ok:
+            resp = dissect(fr, rec.context)
+            c.info.features = [spec.FEATURES.get(f["feature"], hex(f["feature"])) for f in resp.body.get("features", ())]
+        elif op == 0x89 and ok and d is not None:
+            c.info.bucket = d.key_text
+        elif op == 0x48 and ok:
+            resp = dissect(fr, rec.context)
+            for e in resp.body.get("vb_seqnos", ()):
+                if isinstance(e, dict) and isinstance(e.get("vbucket"), int) and isinstance(e.get("high_seqno"), int):
+                    self._high[e["vbucket"]] = (n, e["high_seqno"])
+
+    def _stream_resp(self, c: _Conn, rec: Record, fr: Frame, d: Dissection | None, req_frame: int, opaque: int, status: int) -> None:
+        s = next((s for s in c.by_key.values() if s.attempts and s.attempts[-1].frame == req_frame), None)
+        if s is None:
+            return
+        a = s.attempts[-1]
+        a.response_frame = rec.number
+        a.status = status
+        a.status_name = spec.STATUS.get(status, f"unknown 0x{status:04x}")
+        resp = dissect(fr, rec.context)
+        if status == spec.SUCCESS:
+            a.outcome = "success"
+            a.failover_log = _log(resp.body.get("failover_log"))
+            c.by_opaque[opaque] = s
+            if a.failover_log:
+                self._observe_log(s.vbucket, rec.number, a.failover_log)
+        elif status == spec.ROLLBACK:
+            a.outcome = "rollback"
+            rb = resp.body.get("rollback_seqno")
+            a.rollback_seqno = rb if isinstance(rb, int) else None
+            self._explain(s, a)
+            self._loops(c, s)
+        else:
+            a.outcome = "error"
+            a.explanation = f"refused: {a.status_name}"
+
+    # --- failover logs ---------------------------------------------------------------
+    def _observe_log(self, vb: int, frame: int, log: list[tuple[int, int]]) -> None:
+        self._logs.setdefault(vb, []).append((frame, log))
+        branches = self._branches.setdefault(vb, [])
+        known = {b.uuid: b for b in branches}
+        for uuid, seqno in reversed(log):  # oldest first: order of first sight within one log
+            if uuid not in known:
+                b = Branch(uuid, seqno, frame, len(branches))
+                branches.append(b)
+                known[uuid] = b
+        present = {u for u, _ in log}
+        for b in branches:
+            if b.uuid in present or b.cut_frame is not None:
+                continue
+            b.cut_frame = frame
+            # the newest entry whose branch point is below b's removed it (FACTS §7.3)
+            cutter = next((u for u, s in log if s < b.seqno), None)
+            b.cut_by = cutter
+
+    # --- rollback explanation (FACTS §7.4) -----------------------------------------
+    def _explain(self, s: Stream, a: Attempt) -> None:
+        vb = s.vbucket
+        logs = self._logs.get(vb)
+        missing = []
+        table = logs[-1][1] if logs else None
+        if table is None:
+            missing.append("the producer's failover log")
+        high = self._high.get(vb)
+        purge = self._purge.get(vb)
+        try:
+            from .producer import rollback_decision
+        except ImportError:  # pragma: no cover - the simulator module is part of the package
+            rollback_decision = None
+        if table is not None and rollback_decision is not None:
+            h = high[1] if high else None
+            decision = rollback_decision(
+                start=a.start,
+                snap_start=a.snap_start,
+                snap_end=a.snap_end,
+                vb_uuid=a.uuid,
+                flags=a.flags,
+                failover=table,
+                high_seqno=h if h is not None else max(a.start, a.snap_end, table[0][1] if table else 0),
+                purge_seqno=purge[1] if purge else 0,
+                client_purge_seqno=(a.value or {}).get("purge_seqno", 0) if isinstance(a.value, dict) else 0,
+            )
+            a.predicted = decision.seqno if decision.rollback else None
+            a.explanation = decision.reason
+            if high is None:
+                missing.append("the vbucket's high seqno")
+            if purge is None:
+                missing.append("the purge seqno")
+            if a.rollback_seqno is not None and decision.rollback and decision.seqno == a.rollback_seqno:
+                a.explanation += " (matches the rule)"
+            elif a.rollback_seqno is not None:
+                what = f"rule predicts {decision.seqno}" if decision.rollback else "rule predicts no rollback"
+                a.explanation += f"; observed {a.rollback_seqno} but the {what} from what was seen"
+        if missing:
+            a.explanation = (a.explanation + "; " if a.explanation else "") + "not observed: " + ", ".join(missing)
+
+    def _loops(self, c: _Conn, s: Stream) -> None:
+        rolls = [a for a in s.attempts if a.outcome == "rollback"]
+        if len(rolls) >= 3 and all(a.rollback_seqno == 0 for a in rolls[-3:]):
+            self._anomaly(c, "rollback loop", [a.frame for a in rolls[-3:]], "rolled back to 0 three times in a row", s)
+        elif len(rolls) >= 3 and len({(a.start, a.uuid, a.snap_start, a.snap_end) for a in rolls[-3:]}) == 1:
+            self._anomaly(c, "rollback loop", [a.frame for a in rolls[-3:]], "the same request rolled back three times", s)
+
+    # --- output ----------------------------------------------------------------------
+    def timeline(self, *, final: bool = True) -> Timeline:
+        """The timeline so far; with ``final`` also the end-of-input anomalies (requests never answered...)."""
+        anomalies = list(self._anomalies)
+        if final:
+            for c in self._conns.values():
+                for (_d, opaque), (op, _req, frame) in c.pending.items():
+                    anomalies.append(
+                        Anomaly(
+                            "request never answered",
+                            [frame],
+                            f"{_name(op)} (opaque 0x{opaque:08x}) got no response",
+                            c.info.conn,
+                            uncertain=c.lost,
+                        )
+                    )
+                for opaque, (frame, _ts) in c.noops.items():
+                    anomalies.append(
+                        Anomaly("noop unanswered", [frame], f"DCP_NOOP 0x{opaque:08x} was never answered", c.info.conn, uncertain=c.lost)
+                    )
+                if c.stalled_at is not None:
+                    anomalies.append(
+                        Anomaly(
+                            "flow-control stall",
+                            [c.stalled_at],
+                            "bytes outstanding reached the buffer size and no ack freed it",
+                            c.info.conn,
+                            uncertain=c.lost,
+                        )
+                    )
+        return Timeline(
+            {k: c.info for k, c in self._conns.items()},
+            list(self._streams),
+            self._branches,
+            self._logs,
+            self._flow,
+            self._noops,
+            anomalies,
+            dict(self._high),
+        )
+
+
+def h_vb(d: Dissection) -> int:
+    """The vbucket of a request."""
+    return int(d.frame.header[5])
+
+
+def _log(raw: Any) -> list[tuple[int, int]]:
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for e in raw:
+        if isinstance(e, dict) and isinstance(e.get("vb_uuid"), int) and isinstance(e.get("vb_seqno"), int):
+            out.append((e["vb_uuid"], e["vb_seqno"]))
+    return out
+
+
+def _name(op: int) -> str:
+    cmd = spec.COMMANDS.get(op)
+    return cmd.name if cmd else f"opcode 0x{op:02x}"
+
+
+def build_timeline(records: Iterable[Record]) -> Timeline:
+    """The timeline of records (a capture, in bulk)."""
+    return TimelineBuilder().feed_all(records).timeline()

@@ -1,0 +1,290 @@
+"""Timelines as pandas DataFrames, and as text (an edge: imports pandas).
+
+:func:`timeline_frames` turns a :class:`~dcpinspect.timeline.Timeline` into
+one DataFrame per kind of thing - connections, streams, attempts, snapshots,
+items, failover entries (with branch ids), rollbacks (with explanations),
+flow-control samples, noops, anomalies - each carrying the frame numbers that
+link back to the frames table and its annotations.  :func:`story` is the
+readable per-stream text of ``dcpinspect timeline``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from . import spec
+from .timeline import MAX_SEQNO, Stream, Timeline
+
+__all__ = ["story", "timeline_frames"]
+
+_U64 = pd.UInt64Dtype()
+
+
+def _df(rows: list[dict[str, Any]], columns: list[str], uint64: tuple[str, ...] = ()) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=columns)
+    for col in uint64:
+        if col not in df.columns:
+            continue
+        df[col] = pd.array([None if v is None or v != v else int(v) for v in df[col]], dtype=_U64)  # noqa: PLR0124 - NaN check
+    return df
+
+
+def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
+    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``)."""
+    sid = {id(s): i for i, s in enumerate(t.streams)}
+    conns = [
+        {
+            "conn": c.conn,
+            "label": c.label,
+            "name": c.name,
+            "side": c.side,
+            "open_flags": c.open_flags,
+            "features": ", ".join(c.features),
+            "controls": "; ".join(f"{k}={v} ({st})" for k, (v, st) in c.controls.items()),
+            "buffer_size": c.buffer_size,
+            "noop_interval": c.noop_interval,
+            "sasl_mechanism": c.sasl_mechanism,
+            "sasl_user": c.sasl_user,
+            "bucket": c.bucket,
+            "bytes_lost": c.lost,
+        }
+        for c in t.connections.values()
+    ]
+    streams, attempts, snaps, items, rollbacks = [], [], [], [], []
+    for s in t.streams:
+        i = sid[id(s)]
+        streams.append(
+            {
+                "stream": i,
+                "conn": s.conn,
+                "vbucket": s.vbucket,
+                "stream_id": s.stream_id,
+                "segment": s.segment,
+                "attempts": len(s.attempts),
+                "snapshots": len(s.snapshots),
+                "items": len(s.items),
+                "last_seqno": s.last_seqno,
+                "end_status": None if s.end is None else s.end["name"],
+                "end_frame": None if s.end is None else s.end["frame"],
+                "anomalies": len(s.anomalies),
+            }
+        )
+        for a in s.attempts:
+            row = {"stream": i, "conn": s.conn, "vbucket": s.vbucket, "stream_id": s.stream_id, **a.as_dict()}
+            row["failover_log"] = [tuple(e) for e in row["failover_log"]]
+            row["response_frame"] = a.response_frame
+            row["status_name"] = a.status_name
+            row["predicted_rollback"] = a.predicted
+            attempts.append(row)
+            if a.outcome == "rollback":
+                rollbacks.append(
+                    {
+                        "stream": i,
+                        "conn": s.conn,
+                        "vbucket": s.vbucket,
+                        "frame": a.frame,
+                        "response_frame": a.response_frame,
+                        "uuid": a.uuid,
+                        "start": a.start,
+                        "snap_start": a.snap_start,
+                        "snap_end": a.snap_end,
+                        "rollback_seqno": a.rollback_seqno,
+                        "predicted": a.predicted,
+                        "explanation": a.explanation,
+                    }
+                )
+        for k, sn in enumerate(s.snapshots):
+            snaps.append(
+                {
+                    "stream": i,
+                    "snapshot": k,
+                    "conn": s.conn,
+                    "vbucket": s.vbucket,
+                    "frame": sn.frame,
+                    "start": sn.start,
+                    "end": sn.end,
+                    "flags": sn.flags,
+                    "type": _snap_type(sn.flags),
+                    "version": sn.version,
+                    "max_visible": sn.max_visible,
+                    "high_completed": sn.high_completed,
+                    "purge_seqno": sn.purge_seqno,
+                    "high_prepared": sn.high_prepared,
+                    "items": sn.items,
+                    "first_seqno": sn.first_seqno,
+                    "last_seqno": sn.last_seqno,
+                    "complete": sn.complete,
+                }
+            )
+        for it in s.items:
+            cmd = spec.COMMANDS.get(it.opcode)
+            items.append(
+                {
+                    "stream": i,
+                    "conn": s.conn,
+                    "vbucket": s.vbucket,
+                    "frame": it.frame,
+                    "ts": pd.Timestamp(it.ts, unit="ns", tz="UTC"),
+                    "name": cmd.name if cmd else hex(it.opcode),
+                    "seqno": it.seqno,
+                    "snapshot": it.snapshot,
+                    "key": it.key.decode("utf-8", "backslashreplace"),
+                }
+            )
+    failover = [
+        {
+            "vbucket": vb,
+            "branch": b.order,
+            "uuid": b.uuid,
+            "seqno": b.seqno,
+            "first_frame": b.first_frame,
+            "cut_frame": b.cut_frame,
+            "cut_by": b.cut_by,
+        }
+        for vb, branches in t.branches.items()
+        for b in branches
+    ]
+    flow = [
+        {
+            "conn": f.conn,
+            "frame": f.frame,
+            "ts": pd.Timestamp(f.ts, unit="ns", tz="UTC"),
+            "outstanding": f.outstanding,
+            "event": f.event,
+            "size": f.size,
+        }
+        for f in t.flow
+    ]
+    anomalies = [
+        {
+            "kind": a.kind,
+            "conn": a.conn,
+            "vbucket": a.vbucket,
+            "stream_id": a.stream_id,
+            "frames": a.frames,
+            "first_frame": a.frames[0] if a.frames else None,
+            "count": a.count,
+            "uncertain": a.uncertain,
+            "message": a.message,
+        }
+        for a in t.anomalies
+    ]
+    seq = ("start", "end", "uuid", "snap_start", "snap_end", "rollback_seqno", "predicted_rollback")
+    return {
+        "connections": _df(conns, list(conns[0]) if conns else ["conn"]),
+        "streams": _df(streams, list(streams[0]) if streams else ["stream"], ("last_seqno",)),
+        "attempts": _df(attempts, list(attempts[0]) if attempts else ["stream", *seq], seq if attempts else ()),
+        "snapshots": _df(
+            snaps,
+            list(snaps[0]) if snaps else ["stream"],
+            ("start", "end", "max_visible", "high_completed", "purge_seqno", "high_prepared", "first_seqno", "last_seqno") if snaps else (),
+        ),
+        "items": _df(items, list(items[0]) if items else ["stream", "seqno"], ("seqno",)),
+        "failover": _df(failover, list(failover[0]) if failover else ["vbucket", "uuid", "seqno"], ("uuid", "seqno", "cut_by")),
+        "rollbacks": _df(
+            rollbacks,
+            list(rollbacks[0]) if rollbacks else ["stream"],
+            ("uuid", "start", "snap_start", "snap_end", "rollback_seqno", "predicted") if rollbacks else (),
+        ),
+        "flow": _df(flow, list(flow[0]) if flow else ["conn", "frame", "outstanding"]),
+        "noops": _df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]),
+        "anomalies": _df(anomalies, list(anomalies[0]) if anomalies else ["kind", "frames", "message"]),
+    }
+
+
+def _snap_type(flags: int) -> str:
+    names = [name for bit, name in spec.SNAPSHOT_FLAGS.items() if flags & bit]
+    return "|".join(names) if names else "none"
+
+
+def _seq(v: int | None) -> str:
+    return "-" if v is None else ("max" if v == MAX_SEQNO else str(v))
+
+
+def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -> str:
+    """The timeline as text: per connection what was negotiated, per stream what happened."""
+    out: list[str] = []
+    for c in t.connections.values():
+        if conn is not None and c.conn != conn:
+            continue
+        bits = [f"conn {c.conn} {c.label}"]
+        if c.name:
+            bits.append(f"DCP_OPEN {c.name!r} ({c.side}, flags 0x{c.open_flags or 0:x})")
+        if c.features:
+            bits.append("HELLO " + ", ".join(c.features))
+        if c.buffer_size is not None:
+            bits.append(f"buffer {c.buffer_size}")
+        if c.noop_interval is not None:
+            bits.append(f"noop every {c.noop_interval:g}s")
+        if c.sasl_user:
+            bits.append(f"SASL {c.sasl_mechanism} as {c.sasl_user}")
+        if c.lost:
+            bits.append(f"{c.lost} bytes lost to capture gaps")
+        out.append(" | ".join(bits))
+    for s in t.streams:
+        if (vbucket is not None and s.vbucket != vbucket) or (conn is not None and s.conn != conn):
+            continue
+        out.append("")
+        out.append(_stream_story(s))
+    for vb, branches in sorted(t.branches.items()):
+        if vbucket is not None and vb != vbucket:
+            continue
+        out.append("")
+        out.append(f"vbucket {vb} failover branches (oldest first):")
+        for b in sorted(branches, key=lambda b: (b.seqno, b.order)):
+            cut = f"  cut at frame {b.cut_frame}" + (f" by 0x{b.cut_by:x}" if b.cut_by is not None else "") if b.cut_frame else ""
+            out.append(f"  uuid 0x{b.uuid:016x} from seqno {b.seqno} (first seen frame {b.first_frame}){cut}")
+    loose = [a for a in t.anomalies if a.vbucket is None and (conn is None or a.conn == conn)]
+    if loose and vbucket is None:
+        out.append("")
+        out.append("connection anomalies:")
+        out.extend(
+            f"  [{a.kind}] {a.message} (frames {_frames(a.frames)}){' (uncertain: bytes lost)' if a.uncertain else ''}" for a in loose
+        )
+    return "\n".join(out).strip() + "\n"
+
+
+def _frames(frames: list[int]) -> str:
+    return ", ".join(map(str, frames[:8])) + (", ..." if len(frames) > 8 else "")
+
+
+def _stream_story(s: Stream) -> str:
+    head = (
+        f"stream conn {s.conn} vbucket {s.vbucket}"
+        + (f" sid {s.stream_id}" if s.stream_id is not None else "")
+        + (f" (segment {s.segment})" if s.segment else "")
+    )
+    lines = [head]
+    for a in s.attempts:
+        req = f"  frame {a.frame}: STREAM_REQ start {_seq(a.start)} end {_seq(a.end)} uuid 0x{a.uuid:x} snapshot {_seq(a.snap_start)}-{_seq(a.snap_end)}"
+        if a.outcome == "success":
+            log = ", ".join(f"0x{u:x}@{q}" for u, q in a.failover_log)
+            req += f" -> success (frame {a.response_frame}), failover log [{log}]"
+        elif a.outcome == "rollback":
+            req += f" -> ROLLBACK to {_seq(a.rollback_seqno)} (frame {a.response_frame})"
+            if a.explanation:
+                req += f"\n      why: {a.explanation}"
+        elif a.outcome == "error":
+            req += f" -> {a.status_name} (frame {a.response_frame})"
+        else:
+            req += " -> no response seen"
+        lines.append(req)
+    if not s.attempts:
+        lines.append("  (stream request not captured)")
+    for sn in s.snapshots[:50]:
+        lines.append(
+            f"  frame {sn.frame}: snapshot {sn.start}-{sn.end} {_snap_type(sn.flags)} {sn.version}: {sn.items} items"
+            + (f" {sn.first_seqno}..{sn.last_seqno}" if sn.items else "")
+            + ("" if sn.complete else " (incomplete)")
+        )
+    if len(s.snapshots) > 50:
+        lines.append(f"  ... {len(s.snapshots) - 50} more snapshots")
+    lines.append(f"  {len(s.items)} items, last seqno {_seq(s.last_seqno)}")
+    if s.end is not None:
+        lines.append(f"  frame {s.end['frame']}: STREAM_END {s.end['name']} ({s.end['status']})")
+    for an in s.anomalies:
+        rep = f" x{an.count}" if an.count > 1 else ""
+        lines.append(f"  ! [{an.kind}{rep}] {an.message} (frames {_frames(an.frames)}){' (uncertain: bytes lost)' if an.uncertain else ''}")
+    return "\n".join(lines)
