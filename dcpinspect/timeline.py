@@ -25,9 +25,10 @@ No I/O and no heavy imports; :mod:`dcpinspect.timeline_frames` turns a
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import spec
 from .decoder import Frame
@@ -178,16 +179,14 @@ class Snapshot:
         }
 
 
-@dataclass
-class Item:
-    """One data message of a stream (kept compactly: the DataFrame has one row each)."""
+class Item(NamedTuple):
+    """One data message of a stream (its key and value are in the frames table, row ``frame``)."""
 
     frame: int
     ts: int
     opcode: int
     seqno: int | None
     snapshot: int  # index into Stream.snapshots (-1: before any marker)
-    key: bytes = b""
 
 
 @dataclass
@@ -207,6 +206,7 @@ class Stream:
     opaque: int | None = None
     last_seqno: int | None = None
     oso: bool = False  # inside an OSO snapshot (seqnos may be out of order)
+    end_seqno: int | None = None  # the successful request's end seqno (None: open-ended or unknown)
     anomalies: list[Anomaly] = field(default_factory=list)
 
     @property
@@ -240,8 +240,7 @@ class Branch:
     cut_by: int | None = None  # the newer entry whose branch point removed it (None: capped, or unknown)
 
 
-@dataclass
-class FlowSample:
+class FlowSample(NamedTuple):
     """Bytes outstanding on a connection after one frame."""
 
     conn: int
@@ -304,22 +303,27 @@ class TimelineBuilder:
     # --- input -------------------------------------------------------------------
     def feed(self, rec: Record) -> None:
         """Take one record (in record order)."""
-        c = self._conn(rec)
+        c = self._conns.get(rec.conn)
+        if c is None:
+            c = self._conn(rec)
         ev = rec.event
-        if ev.type == "gap":
-            c.lost = True
-            c.info.lost += ev.length
+        if ev.__class__ is not Frame:
+            if ev.type == "gap":
+                c.lost = True
+                c.info.lost += ev.length
             return
-        if ev.type != "frame" or not isinstance(ev, Frame) or ev.dialect != "mcbp":
+        raw = ev[1]
+        if ev[2] != "mcbp":
             return
-        h = ev.header
+        h = _HEADER(raw, 0)
         magic, op = h[0], h[1]
         if magic in (0x82, 0x83):
             return
-        response = magic in spec.RESPONSE_MAGICS
         opaque = h[7]
-        if response:
+        if magic in spec.RESPONSE_MAGICS:
             self._response(c, rec, ev, h, op, opaque)
+        elif op in STREAM_MESSAGES:  # the hot path: straight to the stream
+            self._stream_message(c, rec, ev, h, op, opaque, ev.stream_id if magic == 0x08 else None)
         else:
             self._request(c, rec, ev, h, op, opaque)
 
@@ -442,7 +446,7 @@ class TimelineBuilder:
         n = rec.number
         vb = h[5]
         c.info.producer_dir = rec.direction
-        s = c.by_key.get((vb, sid)) if sid is not None else c.by_opaque.get(opaque)
+        s = c.by_opaque.get(opaque) if sid is None else None
         if s is None or s.vbucket != vb:
             s = c.by_key.get((vb, sid))
         # flow control (FACTS §7.5): the full packet, a prepare 2 bytes more
@@ -482,7 +486,9 @@ class TimelineBuilder:
             return
         if s.close_answered is not None:
             self._anomaly(c, "after close stream", [s.close_answered, n], f"{_name(op)} after the CLOSE_STREAM response", s)
-        if op == 0x56:
+        if op in ITEMS:
+            self._item(c, rec, fr, h, op, s)
+        elif op == 0x56:
             self._marker(c, rec, fr, s)
         elif op == 0x55:
             d = dissect(fr, rec.context)
@@ -503,8 +509,6 @@ class TimelineBuilder:
             d = dissect(fr, rec.context)
             flags = d.extras.get("flags", 0)
             s.oso = bool(flags & 0x01) and not flags & 0x02
-        elif op in ITEMS:
-            self._item(c, rec, fr, op, s)
 
     def _marker(self, c: _Conn, rec: Record, fr: Frame, s: Stream) -> None:
         d = dissect(fr, rec.context)
@@ -549,22 +553,26 @@ class TimelineBuilder:
         s.snapshots.append(snap)
         s.oso = False
 
-    def _item(self, c: _Conn, rec: Record, fr: Frame, op: int, s: Stream) -> None:
+    def _item(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, s: Stream) -> None:
         n = rec.number
-        d = dissect(fr, rec.context)
-        seqno = d.extras.get(_SEQNO_FIELD.get(op, ""))
-        seqno = seqno if isinstance(seqno, int) else None
-        idx = len(s.snapshots) - 1
-        s.items.append(Item(n, rec.ts, op, seqno, idx, d.key))
+        layout = _ITEM_LAYOUTS.get((op, h[3]))
+        seqno: int | None
+        if layout is not None:  # the table's struct for this layout, read in place (the common case)
+            seqno = layout[0].unpack_from(fr[1], 24 + (h[2] >> 8 if h[0] == 0x08 else 0))[layout[1]]
+        else:
+            value = dissect(fr, rec.context).extras.get(_SEQNO_FIELD.get(op, ""))
+            seqno = value if isinstance(value, int) else None
+        snaps = s.snapshots
+        idx = len(snaps) - 1
+        s.items.append(Item(n, rec.ts, op, seqno, idx))
         if c.stream_ids and op in SYNC_WRITES:
             self._anomaly(c, "sync write with stream ids", [n], f"{_name(op)} on a connection with stream ids enabled", s)
         if seqno is None:
             return
-        if idx < 0 and s.attempts:  # a stream followed from mid-way (request not captured) may start anywhere
-            self._anomaly(c, "item before marker", [n], f"{_name(op)} seqno {seqno} before any snapshot marker", s)
-        elif idx >= 0:
-            snap = s.snapshots[idx]
-            if op != 0x64 and not snap.start <= seqno <= snap.end and not s.oso:
+        oso = s.oso
+        if idx >= 0:
+            snap = snaps[idx]
+            if not snap.start <= seqno <= snap.end and op != 0x64 and not oso:
                 self._anomaly(c, "seqno outside snapshot", [snap.frame, n], f"seqno {seqno} outside snapshot {snap.start}-{snap.end}", s)
             snap.items += 1
             if snap.first_seqno is None:
@@ -573,15 +581,15 @@ class TimelineBuilder:
             snap.last_frame = n
             if seqno >= snap.end:
                 snap.complete = True
-        if s.last_seqno is not None and seqno <= s.last_seqno and not s.oso and op != 0x64:
-            self._anomaly(c, "seqno not increasing", [n], f"seqno {seqno} after {s.last_seqno}", s)
-        if not s.oso and (s.last_seqno is None or seqno > s.last_seqno):
+        elif s.attempts:  # a stream followed from mid-way (request not captured) may start anywhere
+            self._anomaly(c, "item before marker", [n], f"{_name(op)} seqno {seqno} before any snapshot marker", s)
+        last = s.last_seqno
+        if last is None or seqno > last:
             s.last_seqno = seqno
-        elif s.oso:
-            s.last_seqno = max(s.last_seqno or 0, seqno)
-        a = s.attempts[-1] if s.attempts else None
-        if a is not None and seqno > a.end and a.end != MAX_SEQNO and op != 0x64:
-            self._anomaly(c, "beyond end seqno", [a.frame, n], f"seqno {seqno} beyond the requested end {a.end}", s)
+        elif not oso and op != 0x64:
+            self._anomaly(c, "seqno not increasing", [n], f"seqno {seqno} after {last}", s)
+        if s.end_seqno is not None and seqno > s.end_seqno and op != 0x64:
+            self._anomaly(c, "beyond end seqno", [s.attempts[-1].frame, n], f"seqno {seqno} beyond the requested end {s.end_seqno}", s)
 
     # --- responses -------------------------------------------------------------------
     def _response(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int) -> None:
@@ -650,6 +658,7 @@ class TimelineBuilder:
         resp = dissect(fr, rec.context)
         if status == spec.SUCCESS:
             a.outcome = "success"
+            s.end_seqno = None if a.end == MAX_SEQNO else a.end
             a.failover_log = _log(resp.body.get("failover_log"))
             c.by_opaque[opaque] = s
             if a.failover_log:
@@ -771,6 +780,26 @@ class TimelineBuilder:
             anomalies,
             dict(self._high),
         )
+
+
+def _item_layouts() -> dict[tuple[int, int], tuple[struct.Struct, int]]:
+    """(opcode, extras length) -> (the table's extras struct, index of the seqno) for the item messages."""
+    out: dict[tuple[int, int], tuple[struct.Struct, int]] = {}
+    for op, name in _SEQNO_FIELD.items():
+        for v in spec.COMMANDS[op].request:
+            if v.extras_struct is None or name not in v.extras_names:
+                continue
+            entry = (v.extras_struct, v.extras_names.index(name))
+            key = (op, v.extras_len)
+            if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
+                out[key] = (v.extras_struct, -1)
+            else:
+                out.setdefault(key, entry)
+    return {k: v for k, v in out.items() if v[1] >= 0}
+
+
+_ITEM_LAYOUTS = _item_layouts()
+_HEADER = spec.HEADER.unpack_from
 
 
 def h_vb(d: Dissection) -> int:

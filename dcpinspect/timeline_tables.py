@@ -130,7 +130,6 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
                     "name": cmd.name if cmd else hex(it.opcode),
                     "seqno": it.seqno,
                     "snapshot": it.snapshot,
-                    "key": it.key.decode("utf-8", "backslashreplace"),
                 }
             )
     failover = [
