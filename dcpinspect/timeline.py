@@ -693,45 +693,71 @@ class TimelineBuilder:
             b.cut_by = cutter
 
     # --- rollback explanation (FACTS §7.4) -----------------------------------------
-    def _explain(self, s: Stream, a: Attempt) -> None:
+    def _explain(self, s: Stream, a: Attempt, *, later: bool = False) -> None:
+        """Replay the producer's rule (FACTS §7.4) on what was seen, and say what it predicts.
+
+        Unknown inputs are bracketed rather than guessed: the high seqno H is
+        tried at the highest seqno seen for the vbucket and at 2^64-1, the
+        purge seqno P (when no v2.2 marker showed it) at 0 and just above the
+        start seqno; a prediction is made only when the bracket agrees.
+        """
+        from .producer import rollback_decision
+
         vb = s.vbucket
-        logs = self._logs.get(vb)
-        missing = []
-        table = logs[-1][1] if logs else None
+        logs = self._logs.get(vb) or []
+        before = [log for frame, log in logs if frame < (a.response_frame or a.frame)]
+        table = before[-1] if before else (logs[0][1] if logs else None)
         if table is None:
-            missing.append("the producer's failover log")
+            a.explanation = "cannot replay the rule: no failover log of this vbucket was seen"
+            return
+        source = "" if before else f" (using the failover log seen later, at frame {logs[0][0]})"
         high = self._high.get(vb)
+        seen = max((x.last_seqno or 0 for x in self._streams if x.vbucket == vb), default=0)
+        highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
         purge = self._purge.get(vb)
-        try:
-            from .producer import rollback_decision
-        except ImportError:  # pragma: no cover - the simulator module is part of the package
-            rollback_decision = None
-        if table is not None and rollback_decision is not None:
-            h = high[1] if high else None
-            decision = rollback_decision(
-                start=a.start,
-                snap_start=a.snap_start,
-                snap_end=a.snap_end,
-                vb_uuid=a.uuid,
-                flags=a.flags,
-                failover=table,
-                high_seqno=h if h is not None else max(a.start, a.snap_end, table[0][1] if table else 0),
-                purge_seqno=purge[1] if purge else 0,
-                client_purge_seqno=(a.value or {}).get("purge_seqno", 0) if isinstance(a.value, dict) else 0,
+        purges = [purge[1]] if purge else [0, a.start + 1]
+        client_purge = a.value.get("purge_seqno", 0) if isinstance(a.value, dict) and isinstance(a.value.get("purge_seqno"), int) else 0
+        tried = [
+            (
+                h,
+                p,
+                rollback_decision(
+                    start=a.start,
+                    snap_start=a.snap_start,
+                    snap_end=a.snap_end,
+                    vb_uuid=a.uuid,
+                    flags=a.flags,
+                    failover_log=table,
+                    high_seqno=h,
+                    purge_seqno=p,
+                    client_purge_seqno=client_purge,
+                ),
             )
-            a.predicted = decision.seqno if decision.rollback else None
-            a.explanation = decision.reason
-            if high is None:
-                missing.append("the vbucket's high seqno")
-            if purge is None:
-                missing.append("the purge seqno")
-            if a.rollback_seqno is not None and decision.rollback and decision.seqno == a.rollback_seqno:
-                a.explanation += " (matches the rule)"
-            elif a.rollback_seqno is not None:
-                what = f"rule predicts {decision.seqno}" if decision.rollback else "rule predicts no rollback"
-                a.explanation += f"; observed {a.rollback_seqno} but the {what} from what was seen"
-        if missing:
-            a.explanation = (a.explanation + "; " if a.explanation else "") + "not observed: " + ", ".join(missing)
+            for h in highs
+            for p in purges
+        ]
+        outcomes = {d for _h, _p, d in tried}
+        observed = a.rollback_seqno
+        matching = [(h, p, d) for h, p, d in tried if d.rollback and d.seqno == observed]
+        if len(outcomes) == 1:
+            (d,) = outcomes
+            a.predicted = d.seqno if d.rollback else None
+            if matching:
+                a.explanation = f"{d.reason}{source}"
+            else:
+                what = f"predicts a rollback to {d.seqno}" if d.rollback else "predicts no rollback"
+                a.explanation = f"observed a rollback to {observed}, but the rule {what} from what was seen: {d.reason}{source}"
+        elif matching and purge is None and all(p != 0 for _h, p, _d in matching):
+            a.explanation = (
+                f"only a purge seqno above the start seqno {a.start} explains a rollback to {observed} "
+                f"(FACTS §7.4 step 3; the purge seqno was not observed){source}"
+            )
+        elif matching:
+            _h, _p, d = matching[0]
+            a.explanation = f"consistent with the rule for some value of the high seqno (not observed): {d.reason}{source}"
+        else:
+            got = sorted({d.seqno for d in outcomes if d.rollback})
+            a.explanation = f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}"
 
     def _loops(self, c: _Conn, s: Stream) -> None:
         rolls = [a for a in s.attempts if a.outcome == "rollback"]
@@ -744,6 +770,10 @@ class TimelineBuilder:
     def timeline(self, *, final: bool = True) -> Timeline:
         """The timeline so far; with ``final`` also the end-of-input anomalies (requests never answered...)."""
         anomalies = list(self._anomalies)
+        for st in self._streams:  # a log seen only after a rollback can still explain it
+            for at in st.attempts:
+                if at.outcome == "rollback" and at.explanation.startswith("cannot replay") and self._logs.get(st.vbucket):
+                    self._explain(st, at)
         if final:
             for c in self._conns.values():
                 for (_d, opaque), (op, _req, frame) in c.pending.items():

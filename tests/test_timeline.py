@@ -72,6 +72,7 @@ def test_seed_000_reconstructs_from_its_own_bytes() -> None:
     assert (retry.start, retry.outcome) == (0, "success")
     assert retry.failover_log == [(0xFEEDDECA, 21554), (0xDECAFE, 20197908), (0xFEEDFACE, 4), (0xDEADBEEF, 25892)]
     assert [b.uuid for b in t.branches[0]] == [0xDEADBEEF, 0xFEEDFACE, 0xDECAFE, 0xFEEDDECA]
+    assert "purge seqno above the start seqno" in first.explanation
 
 
 def test_stream_story_rollback_retry_snapshots_end(tmp_path: Path) -> None:
@@ -107,6 +108,8 @@ def test_stream_story_rollback_retry_snapshots_end(tmp_path: Path) -> None:
     assert first.last_seqno == 6
     rb, retry = second.attempts
     assert (rb.outcome, rb.rollback_seqno, retry.outcome) == ("rollback", 4, "success")
+    # the log then known ([0xAAAA@0]) and seqnos seen up to 6: the rule gives 4 if the high seqno was 6
+    assert "high seqno" in rb.explanation and rb.predicted is None
     assert second.segment == 1
     assert t.connections[1].name == "test:conn" and t.connections[1].side == "producer"
     # the branch tree: 0xAAAA from 0, then 0xBBBB from 5
