@@ -33,6 +33,7 @@ def session(path: Path, c2s_s2c: list[tuple[str, bytes]], *, mss: int = 200) -> 
 
 def req(**kw: object) -> bytes:
     extras = {"flags": 0, "reserved": 0, "start_seqno": 0, "end_seqno": MAX_SEQNO, "vb_uuid": 0, "snap_start_seqno": 0, "snap_end_seqno": 0}
+    kw = {("start_seqno" if k == "start" else k): v for k, v in kw.items()}
     extras.update({k: v for k, v in kw.items() if k in extras})
     return encode("DCP_STREAM_REQ", extras=extras, vbucket=int(kw.get("vb", 0)), opaque=int(kw.get("opaque", 0x10)))  # type: ignore[call-overload]
 
