@@ -262,6 +262,7 @@ class Timeline:
     flow: list[FlowSample]
     noops: list[dict[str, Any]]
     anomalies: list[Anomaly]
+    stalls: list[dict[str, Any]]  # flow-control stalls that an ack ended: conn, frame, ack_frame, duration_ns
     high_seqnos: dict[int, tuple[int, int]]  # vbucket -> (frame, high seqno) last seen
 
     def stream(self, vbucket: int, conn: int | None = None) -> list[Stream]:
@@ -280,6 +281,8 @@ class _Conn:
     stream_ids: bool = False
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer
+    stall_ts: int = 0
+    last: dict[str, tuple[int, int]] = field(default_factory=dict)  # direction -> (frame, ts) of its latest record
     noops: dict[int, tuple[int, int]] = field(default_factory=dict)  # opaque -> (frame, ts)
     lost: bool = False
 
@@ -297,6 +300,7 @@ class TimelineBuilder:
         self._noops: list[dict[str, Any]] = []
         self._anomalies: list[Anomaly] = []
         self._high: dict[int, tuple[int, int]] = {}
+        self._stalls: list[dict[str, Any]] = []
         self._purge: dict[int, tuple[int, int]] = {}  # vbucket -> (frame, purge seqno) from v2.2 markers
         self._finished = False
 
@@ -306,6 +310,7 @@ class TimelineBuilder:
         c = self._conns.get(rec.conn)
         if c is None:
             c = self._conn(rec)
+        c.last[rec.direction] = (rec.number, rec.ts)
         ev = rec.event
         if ev.__class__ is not Frame:
             if ev.type == "gap":
@@ -387,6 +392,7 @@ class TimelineBuilder:
                 c.outstanding = max(0, c.outstanding - acked)
                 self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "ack", acked))
                 if c.stalled_at is not None and c.info.buffer_size and c.outstanding < c.info.buffer_size:
+                    self._stalls.append({"conn": c.info.conn, "frame": c.stalled_at, "ack_frame": n, "duration_ns": rec.ts - c.stall_ts})
                     c.stalled_at = None
         elif op == 0x5C:
             c.noops[opaque] = (n, rec.ts)
@@ -446,6 +452,10 @@ class TimelineBuilder:
         n = rec.number
         vb = h[5]
         c.info.producer_dir = rec.direction
+        if sid is not None and not c.stream_ids and c.info.name:
+            self._anomaly(c, "stream id not enabled", [n], f"{_name(op)} carries stream id {sid} but enable_stream_id was not negotiated")
+        elif sid is None and c.stream_ids:
+            self._anomaly(c, "stream id missing", [n], f"{_name(op)} without a stream id on a connection with stream ids enabled")
         s = c.by_opaque.get(opaque) if sid is None else None
         if s is None or s.vbucket != vb:
             s = c.by_key.get((vb, sid))
@@ -461,6 +471,7 @@ class TimelineBuilder:
             self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "sent", size))
             if c.outstanding >= buf and c.stalled_at is None:
                 c.stalled_at = n
+                c.stall_ts = rec.ts
         if s is None:  # its stream request was not captured (or never sent): follow it anyway, say so once
             seg = self._segments.get((c.info.conn, vb, sid), -1) + 1
             self._segments[(c.info.conn, vb, sid)] = seg
@@ -600,7 +611,15 @@ class TimelineBuilder:
         if op == 0x5C:
             sent = c.noops.pop(opaque, None)
             if sent is not None:
-                self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "rtt_ns": rec.ts - sent[1]})
+                rtt = rec.ts - sent[1]
+                self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "rtt_ns": rtt})
+                if c.info.noop_interval and rtt > 2 * c.info.noop_interval * 1e9:
+                    self._anomaly(
+                        c,
+                        "noop answered late",
+                        [sent[0], n],
+                        f"DCP_NOOP answered after {rtt / 1e9:.1f} s (> 2 x interval {c.info.noop_interval:g} s)",
+                    )
         if req is None or req[0] != op:
             if op not in (0x56, 0x5B):  # acks of marker (Ack flag) and set-vbucket-state are not requests of ours
                 self._anomaly(c, "response without request", [n], f"{_name(op)} response (opaque 0x{opaque:08x}) matches no request")
@@ -776,7 +795,9 @@ class TimelineBuilder:
                     self._explain(st, at)
         if final:
             for c in self._conns.values():
-                for (_d, opaque), (op, _req, frame) in c.pending.items():
+                for (d, opaque), (op, _req, frame) in c.pending.items():
+                    if op == 0x5C or c.last.get("c2s" if d == "s2c" else "s2c", (0, 0))[0] < frame:
+                        continue  # the peer sent nothing after it: still in flight when the capture ended
                     anomalies.append(
                         Anomaly(
                             "request never answered",
@@ -786,10 +807,26 @@ class TimelineBuilder:
                             uncertain=c.lost,
                         )
                     )
-                for opaque, (frame, _ts) in c.noops.items():
+                for opaque, (frame, ts) in c.noops.items():
+                    newest = max(v[1] for v in c.last.values())
+                    if not c.info.noop_interval or newest - ts <= 2 * c.info.noop_interval * 1e9:
+                        continue  # interval unknown, or the capture ended within 2 x the interval (FACTS §7.6)
                     anomalies.append(
                         Anomaly("noop unanswered", [frame], f"DCP_NOOP 0x{opaque:08x} was never answered", c.info.conn, uncertain=c.lost)
                     )
+            for st in self._streams:
+                if st.end is None and st.end_seqno is not None and st.last_seqno is not None and st.last_seqno >= st.end_seqno:
+                    anomalies.append(
+                        Anomaly(
+                            "stream never ended",
+                            [st.attempts[-1].frame],
+                            f"end seqno {st.end_seqno} reached but no DCP_STREAM_END",
+                            st.conn,
+                            st.vbucket,
+                            st.stream_id,
+                        )
+                    )
+            for c in self._conns.values():
                 if c.stalled_at is not None:
                     anomalies.append(
                         Anomaly(
@@ -808,6 +845,7 @@ class TimelineBuilder:
             self._flow,
             self._noops,
             anomalies,
+            list(self._stalls),
             dict(self._high),
         )
 
