@@ -3,7 +3,7 @@
 :func:`timeline_frames` turns a :class:`~dcpinspect.timeline.Timeline` into
 one DataFrame per kind of thing - connections, streams, attempts, snapshots,
 items, failover entries (with branch ids), rollbacks (with explanations),
-flow-control samples, noops, anomalies - each carrying the frame numbers that
+flow-control samples, stalls, noops, anomalies - each carrying the frame numbers that
 link back to the frames table and its annotations.  :func:`story` is the
 readable per-stream text of ``dcpinspect timeline``.
 """
@@ -189,6 +189,7 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
         ),
         "flow": _df(flow, list(flow[0]) if flow else ["conn", "frame", "outstanding"]),
         "noops": _df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]),
+        "stalls": _df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]),
         "anomalies": _df(anomalies, list(anomalies[0]) if anomalies else ["kind", "frames", "message"]),
     }
 
