@@ -1,0 +1,391 @@
+"""A live DCP client: the asyncio edge around :class:`~dcpinspect.consumer.DcpConsumer`.
+
+It connects, moves bytes between the socket and the sans-IO consumer, hands
+every byte both ways to a :class:`~dcpinspect.live.LiveCapture` (so the
+frames become records live, exactly as a capture would give them, and
+optionally a pcap), and persists the consumer's resume state as JSON at
+consistent points and on exit.
+
+    state = await run_client("127.0.0.1", 11210, ConsumerConfig(bucket="b", user="u", password=pw, to_latest=True))
+
+Works inside a running event loop (Jupyter: ``await run_client(...)`` or
+``DcpClient(...).start()``) and from plain code (:func:`run_client_sync`).
+``dcpinspect client HOST:PORT ...`` is :func:`command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from .consumer import ConsumerConfig, ConsumerEvent, DcpConsumer, ResumeState
+from .live import LiveCapture
+from .records import Record
+
+__all__ = ["ClientError", "DcpClient", "command", "load_state", "record_json", "run_client", "run_client_sync", "save_state"]
+
+DEFAULT_PASSWORD_ENV = "DCPINSPECT_PASSWORD"
+
+
+class ClientError(Exception):
+    """The connection failed (refused, authentication, server gone): a one-line reason.
+
+    ``state`` holds the resume state as far as it got (already saved if a state file was given).
+    """
+
+    def __init__(self, message: str, state: ResumeState | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+def load_state(path: str | Path) -> ResumeState | None:
+    """The resume state saved at ``path`` (``None`` if the file does not exist; ``ClientError`` if unreadable)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        return ResumeState.from_json(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"cannot read the state file {p}: {exc}") from None
+
+
+def save_state(path: str | Path, state: ResumeState) -> None:
+    """Write ``state`` to ``path`` atomically (a reader never sees half a file)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(state.to_json())
+    os.replace(tmp, p)
+
+
+class DcpClient:
+    """One DCP client connection.
+
+    Args:
+        host, port: the server (memcached / the simulator).
+        config: what to stream; if its ``resume`` is ``None`` and ``state_path`` exists, that state is used.
+        on_record: called with every frame's :class:`~dcpinspect.records.Record` as it completes (both directions).
+        on_event: called with every :class:`~dcpinspect.consumer.ConsumerEvent`.
+        pcap: also write the connection to this pcap file.
+        state_path: persist the resume state here (JSON) at consistent points and on exit.
+        capture: an existing :class:`LiveCapture` to add this connection to (``pcap``/``on_record`` then unused).
+        connect_timeout: seconds to connect.
+        tick: seconds between the consumer's clock ticks when nothing arrives.
+        save_interval: at most one state write per this many seconds (plus the one on exit).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        config: ConsumerConfig,
+        *,
+        on_record: Callable[[Record], None] | None = None,
+        on_event: Callable[[ConsumerEvent], None] | None = None,
+        pcap: str | Path | None = None,
+        state_path: str | Path | None = None,
+        capture: LiveCapture | None = None,
+        connect_timeout: float = 10.0,
+        tick: float = 0.2,
+        save_interval: float = 1.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.config = config
+        self.on_record = on_record
+        self.on_event = on_event
+        self.pcap = pcap
+        self.state_path = state_path
+        self.capture = capture
+        self.connect_timeout = connect_timeout
+        self.tick = tick
+        self.save_interval = save_interval
+        self.consumer: DcpConsumer | None = None
+        self._stop = False
+        self._task: asyncio.Task[ResumeState] | None = None
+
+    @property
+    def state(self) -> ResumeState | None:
+        """The consumer's resume state so far (``None`` before it started)."""
+        return self.consumer.state if self.consumer is not None else None
+
+    async def start(self) -> None:
+        """Run in the background on the current event loop (see :meth:`wait`, :meth:`stop`)."""
+        self._task = asyncio.ensure_future(self.run())
+
+    async def wait(self) -> ResumeState:
+        """Wait for a :meth:`start`-ed client to finish; its result (or its ``ClientError``)."""
+        if self._task is None:
+            raise RuntimeError("the client was not started")
+        return await self._task
+
+    async def stop(self) -> ResumeState:
+        """Close the streams, finish, save the state; returns it."""
+        self._stop = True
+        return await self.wait()
+
+    async def run(self) -> ResumeState:
+        """Connect and stream until every stream ended (or :meth:`stop`); returns the final resume state.
+
+        Raises:
+            ClientError: cannot connect, authentication failed, the server went away, or another fatal failure.
+        """
+        config = self.config
+        if config.resume is None and self.state_path is not None:
+            saved = load_state(self.state_path)
+            if saved is not None:
+                if saved.bucket and saved.bucket != config.bucket:
+                    raise ClientError(f"the state file {self.state_path} is for bucket {saved.bucket!r}, not {config.bucket!r}")
+                config = dataclasses.replace(config, resume=saved)
+        loop = asyncio.get_running_loop()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.connect_timeout)
+        except TimeoutError:
+            raise ClientError(f"cannot connect to {self.host}:{self.port}: timed out") from None
+        except OSError as exc:
+            raise ClientError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+        own_capture = self.capture is None
+        capture = self.capture or LiveCapture(pcap=self.pcap, on_record=self.on_record)
+        local = writer.get_extra_info("sockname") or ("0.0.0.0", 0)
+        peer = writer.get_extra_info("peername") or (self.host, self.port)
+        conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
+        consumer = self.consumer = DcpConsumer(config, now=loop.time())
+        last_save = loop.time()
+        dirty = False
+        closed_by = "c2s"
+        try:
+            while True:
+                out = consumer.data_to_send()
+                if out:
+                    conn.data("c2s", out)
+                    writer.write(out)
+                    await writer.drain()
+                if consumer.done:
+                    break
+                if self._stop:
+                    dirty |= self._events(consumer.close_streams())
+                    continue
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
+                except TimeoutError:
+                    data = None
+                except OSError as exc:
+                    data = b""
+                    self._events([ConsumerEvent("error", f"connection error: {exc.strerror or exc}")])
+                now = loop.time()
+                events: list[ConsumerEvent] = []
+                if data == b"":
+                    closed_by = "s2c"
+                    events += consumer.connection_lost()
+                elif data:
+                    conn.data("s2c", data)
+                    events += consumer.receive(data, now)
+                events += consumer.tick(now)
+                dirty |= self._events(events)
+                if dirty and self.state_path is not None and now - last_save >= self.save_interval:
+                    save_state(self.state_path, consumer.state)
+                    last_save, dirty = now, False
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.close()
+                await writer.wait_closed()
+            conn.close(by=closed_by)
+            if own_capture:
+                capture.close()
+            else:
+                capture.flush()
+            if self.state_path is not None:
+                save_state(self.state_path, consumer.state)
+        if consumer.failure is not None:
+            raise ClientError(consumer.failure, consumer.state)
+        return consumer.state
+
+    def _events(self, events: list[ConsumerEvent]) -> bool:
+        checkpoint = False
+        for ev in events:
+            checkpoint |= ev.kind == "checkpoint"
+            if self.on_event is not None:
+                self.on_event(ev)
+        return checkpoint
+
+    def run_sync(self) -> ResumeState:
+        """:meth:`run` from synchronous code (also when an event loop is already running in this thread)."""
+        return _sync(self.run)
+
+
+async def run_client(
+    host: str,
+    port: int,
+    config: ConsumerConfig,
+    *,
+    on_record: Callable[[Record], None] | None = None,
+    on_event: Callable[[ConsumerEvent], None] | None = None,
+    pcap: str | Path | None = None,
+    state_path: str | Path | None = None,
+    **options: Any,
+) -> ResumeState:
+    """Stream from ``host:port`` until every stream ended; returns the resume state (see :class:`DcpClient`)."""
+    client = DcpClient(host, port, config, on_record=on_record, on_event=on_event, pcap=pcap, state_path=state_path, **options)
+    return await client.run()
+
+
+def run_client_sync(host: str, port: int, config: ConsumerConfig, **kw: Any) -> ResumeState:
+    """:func:`run_client` for synchronous code (runs in a thread if this thread already has a running loop)."""
+    return _sync(lambda: run_client(host, port, config, **kw))
+
+
+def _sync(make: Callable[[], Any]) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(make())
+        except BaseException as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=target, name="dcpinspect-client")
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def record_json(rec: Record) -> dict[str, Any]:
+    """One record as a ``dcpinspect frames --json`` row (the same columns, built by the same code)."""
+    from .columns import JSON_COLUMNS, FrameColumns
+
+    cols = FrameColumns()
+    cols.add(rec)
+    row = {name: cols.cols[name][0] for name in JSON_COLUMNS}
+    ts = row["ts"]
+    row["ts"] = ts / 1e9 if ts is not None else None
+    return row
+
+
+def _parse_target(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "11210"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad HOST:PORT {text!r}")
+    return host, int(port)
+
+
+def _parse_vbuckets(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad vbucket list {text!r} (e.g. 0-3,7)")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if a > b or b > 0xFFFF:
+            raise ValueError(f"bad vbucket range {part!r}")
+        out += range(a, b + 1)
+    return tuple(dict.fromkeys(out))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dcpinspect client", description="Stream DCP from a server, showing every frame.")
+    p.add_argument("target", metavar="HOST:PORT", help="the server (port default 11210)")
+    p.add_argument("--bucket", required=True, help="bucket to stream")
+    p.add_argument("--user", required=True, help="user name")
+    p.add_argument(
+        "--password-env",
+        default=DEFAULT_PASSWORD_ENV,
+        metavar="VAR",
+        help=f"environment variable holding the password (default {DEFAULT_PASSWORD_ENV})",
+    )
+    p.add_argument("--vbuckets", help="vbuckets to stream, e.g. 0-3,7 (default: every vbucket the server lists)")
+    p.add_argument("--to-latest", action="store_true", help="end each stream at the vbucket's current high seqno; exit 0 when all ended")
+    p.add_argument("--state", metavar="FILE", help="resume from / save the resume state to this JSON file")
+    p.add_argument("--pcap", metavar="OUT", help="also write the connection to this pcap file")
+    p.add_argument("--json", action="store_true", help="one JSON object per frame (the columns of `dcpinspect frames --json`)")
+    return p
+
+
+_SHOWN = frozenset({"authenticated", "control_rejected", "stream_started", "rollback", "stream_end", "stream_failed", "malformed"})
+
+
+def command(argv: list[str], *, out: TextIO) -> int:
+    """``dcpinspect client HOST:PORT --bucket B --user U [...]``; returns the exit status.
+
+    0: every stream ended normally (or the client was interrupted), 1: some
+    vbucket's stream failed, 2: usage error, connection refused, authentication
+    failure or the server went away.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    err = sys.stderr
+    try:
+        host, port = _parse_target(args.target)
+        vbuckets = _parse_vbuckets(args.vbuckets) if args.vbuckets else None
+    except ValueError as exc:
+        err.write(f"dcpinspect client: error: {exc}\n")
+        return 2
+    password = os.environ.get(args.password_env)
+    if password is None:
+        err.write(f"dcpinspect client: error: no password: set the environment variable {args.password_env}\n")
+        return 2
+    config = ConsumerConfig(bucket=args.bucket, user=args.user, password=password, vbuckets=vbuckets, to_latest=args.to_latest)
+
+    def on_record(rec: Record) -> None:
+        out.write(json.dumps(record_json(rec)) + "\n")
+        out.flush()
+
+    def on_event(ev: ConsumerEvent) -> None:
+        if ev.kind in _SHOWN:
+            out.write(f"{ev}\n")
+            out.flush()
+
+    client = DcpClient(
+        host,
+        port,
+        config,
+        on_record=on_record if args.json else None,
+        on_event=None if args.json else on_event,
+        pcap=args.pcap,
+        state_path=args.state,
+    )
+    try:
+        asyncio.run(client.run())
+    except ClientError as exc:
+        err.write(f"dcpinspect client: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        err.write("dcpinspect client: interrupted\n")
+        return 0
+    except OSError as exc:
+        err.write(f"dcpinspect client: error: {exc}\n")
+        return 2
+    consumer = client.consumer
+    assert consumer is not None
+    failed = 0
+    for vb, st in sorted(consumer.streams.items()):
+        failed += st.status == "failed"
+        if args.json:
+            continue
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(st.counts.items())) or "nothing"
+        how = st.error if st.status == "failed" else st.end_reason or st.status
+        extra = f", {st.rollbacks} rollbacks" if st.rollbacks else ""
+        out.write(f"vb {vb}: seqno {st.start_seqno} -> {st.position.seqno} (uuid 0x{st.position.vb_uuid:x}), {counts}{extra}; {how}\n")
+    return 1 if failed else 0

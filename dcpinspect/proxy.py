@@ -1,0 +1,510 @@
+"""A byte-exact tap proxy: forward TCP both ways unchanged, decode what passed.
+
+:class:`TapProxy` listens (127.0.0.1 by default), opens one upstream
+connection per accepted client and pumps bytes both ways with asyncio streams.
+**Forward first, decode after**: each chunk read from one side is written to
+the other side *before* it is handed to the shared
+:class:`~dcpinspect.live.LiveCapture` (records and, optionally, a pcap), and a
+failure of the tap is caught, logged once and switches the tap of that
+connection off - forwarding goes on.  Backpressure is respected (every write
+awaits ``drain``), so memory per connection is bounded by the read size and
+the transports' write buffers.
+
+Half-close is propagated (EOF one way: ``write_eof`` on the other side, the
+other direction keeps running), a reset is passed on as a reset, an upstream
+that refuses is a clear log line and a closed client.  ``stop()`` closes the
+listener, cancels every connection task and flushes the capture.
+
+In a notebook (a running event loop)::
+
+    proxy = TapProxy(upstream=("127.0.0.1", 11210), pcap="tap.pcap")
+    await proxy.start()          # proxy.port
+    ...
+    await proxy.stop()
+
+From synchronous code, the proxy runs its own loop in a thread::
+
+    with TapProxy(upstream=("127.0.0.1", 11210)).background() as proxy:
+        ...                      # connect to ("127.0.0.1", proxy.port)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from .live import LiveCapture, LiveConnection
+from .records import Record
+
+__all__ = ["TapProxy", "command", "parse_endpoint"]
+
+log = logging.getLogger("dcpinspect.proxy")
+
+#: bytes read from a socket at a time (and so at most buffered per direction, with the write buffer)
+READ_SIZE = 256 * 1024
+
+
+def _ep(ep: tuple[Any, ...]) -> str:
+    host, port = ep[0], ep[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[v6]:PORT``) -> ``(host, port)``; raises ValueError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    p = int(port)
+    if p > 65535:
+        raise ValueError(f"port out of range: {text!r}")
+    return host, p
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer``'s socket with an RST (SO_LINGER 0), dropping unsent bytes."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class _Tap:
+    """The decoding side of one proxied connection: never raises into forwarding."""
+
+    def __init__(self, proxy: TapProxy, client: tuple[str, int], server: tuple[str, int]) -> None:
+        self.proxy = proxy
+        self.conn: LiveConnection | None = None
+        self.where = f"{_ep(client)} -> {_ep(server)}"
+        self._guard(lambda: setattr(self, "conn", proxy.capture.connection(client, server)))
+
+    def _guard(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self.proxy.decode_errors += 1
+            log.error("decode error on %s (tap of this connection off, forwarding goes on): %r", self.where, exc)
+            self.conn = None
+
+    def data(self, direction: str, data: bytes) -> None:
+        conn = self.conn
+        if conn is not None:
+            self._guard(lambda: conn.data(direction, data))
+
+    def close(self, *, reset: bool, by: str) -> None:
+        conn = self.conn
+        if conn is not None:
+            self._guard(lambda: conn.close(reset=reset, by=by))
+            self.conn = None
+
+
+class TapProxy:
+    """A tap proxy from ``listen`` to ``upstream``: every byte forwarded unchanged, and decoded.
+
+    Args:
+        listen: address to listen on (port 0: a free port, see :attr:`port`).
+        upstream: the server every accepted connection is forwarded to.
+        pcap: write the capture of every proxied connection to this pcap file.
+        on_record: called (on the proxy's event loop) with every decoded record.
+            Without it the records are counted, not kept (memory stays bounded).
+        reveal_secrets: the records' contexts show SASL secrets instead of masking them.
+        keep_secrets: write SASL secrets into the pcap as they were (by default
+            their bytes are overwritten with ``*`` in the file; forwarding is never touched).
+        label: the ``file`` column of the records (default: the pcap path, or ``live``).
+        read_size: bytes read from a socket at a time.
+    """
+
+    def __init__(
+        self,
+        listen: tuple[str, int] = ("127.0.0.1", 0),
+        upstream: tuple[str, int] = ("127.0.0.1", 11210),
+        *,
+        pcap: str | Path | None = None,
+        on_record: Callable[[Record], None] | None = None,
+        reveal_secrets: bool = False,
+        keep_secrets: bool = False,
+        label: str | None = None,
+        read_size: int = READ_SIZE,
+    ) -> None:
+        self.listen = listen
+        self.upstream = upstream
+        self.pcap = pcap
+        self.read_size = read_size
+        self.reveal_secrets = reveal_secrets
+        self._user_on_record = on_record
+        self.capture = LiveCapture(
+            pcap=pcap, on_record=self._on_record, label=label, reveal_secrets=reveal_secrets, keep_secrets=keep_secrets
+        )
+        #: counters: connections accepted, upstream failures, bytes forwarded per direction, records, tap errors
+        self.connections = 0
+        self.refused = 0
+        self.bytes = {"c2s": 0, "s2c": 0}
+        self.records = 0
+        self.decode_errors = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def _on_record(self, rec: Record) -> None:
+        self.records += 1
+        if self._user_on_record is not None:
+            try:
+                self._user_on_record(rec)
+            except Exception as exc:  # a consumer's bug must not stop the proxy
+                self.decode_errors += 1
+                log.error("on_record callback failed on record %d: %r", rec.number, exc)
+
+    @property
+    def port(self) -> int:
+        """The port actually listened on (after :meth:`start`)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the proxy is not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` listened on (after :meth:`start`)."""
+        return self.listen[0], self.port
+
+    async def start(self) -> TapProxy:
+        """Start listening (on the running event loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1], limit=self.read_size)
+        log.info("listening on %s, forwarding to %s", _ep(self.address), _ep(self.upstream))
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening, end every connection (their tasks are awaited) and flush the capture."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self.capture.close()
+        except Exception as exc:
+            log.error("closing the capture failed: %r", exc)
+
+    # -- sync use -----------------------------------------------------------
+
+    def start_background(self) -> TapProxy:
+        """Run the proxy on its own event loop in a daemon thread (for synchronous code)."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="dcpinspect-proxy", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop_background(self, timeout: float = 10.0) -> None:
+        """Stop a proxy started with :meth:`start_background` (waits for its thread)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.stop(), loop)
+        fut.result(timeout)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        self._thread = None
+
+    @contextlib.contextmanager
+    def background(self) -> Iterator[TapProxy]:
+        """``with proxy.background():`` - :meth:`start_background` ... :meth:`stop_background`."""
+        self.start_background()
+        try:
+            yield self
+        finally:
+            self.stop_background()
+
+    # -- connections --------------------------------------------------------
+
+    async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(c_reader, c_writer)
+        except asyncio.CancelledError:
+            pass  # stop(): ending cancelled would make asyncio 3.11's stream callback log an error
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        peer = c_writer.get_extra_info("peername")
+        client = (str(peer[0]), int(peer[1]))
+        try:
+            u_reader, u_writer = await asyncio.open_connection(self.upstream[0], self.upstream[1], limit=self.read_size)
+        except (TimeoutError, OSError) as exc:
+            self.refused += 1
+            log.warning("upstream %s unreachable for client %s (%s): client connection closed", _ep(self.upstream), _ep(client), exc)
+            c_writer.close()
+            with contextlib.suppress(OSError):
+                await c_writer.wait_closed()
+            return
+        except asyncio.CancelledError:
+            c_writer.close()
+            raise
+        upeer = u_writer.get_extra_info("peername")
+        server = (str(upeer[0]), int(upeer[1]))
+        tap = _Tap(self, client, server)
+        log.info("connection %s -> %s", _ep(client), _ep(server))
+        ends: dict[str, str] = {}  # direction -> "eof" | "reset" | "error", in order of ending
+        pumps = [
+            asyncio.create_task(self._pump(c_reader, u_writer, "c2s", tap, ends)),
+            asyncio.create_task(self._pump(u_reader, c_writer, "s2c", tap, ends)),
+        ]
+        try:
+            _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            if any(ends.get(d) == "reset" for d in ends):
+                for t in pending:
+                    t.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+        except asyncio.CancelledError:
+            for t in pumps:
+                t.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            _reset(c_writer)
+            _reset(u_writer)
+            tap.close(reset=True, by="c2s")
+            raise
+        first = next(iter(ends), "c2s")
+        reset = "reset" in ends.values()
+        by = next((d for d, how in ends.items() if how == "reset"), first)
+        if reset:
+            _reset(c_writer)
+            _reset(u_writer)
+            log.info("connection %s -> %s reset by the %s side", _ep(client), _ep(server), "client" if by == "c2s" else "server")
+        else:
+            for w in (c_writer, u_writer):
+                w.close()
+            for w in (c_writer, u_writer):
+                with contextlib.suppress(OSError, asyncio.CancelledError):
+                    await w.wait_closed()
+        tap.close(reset=reset, by=by)
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str, tap: _Tap, ends: dict[str, str]
+    ) -> None:
+        """Forward ``reader`` -> ``writer`` until EOF; then half-close ``writer``."""
+        counts = self.bytes
+        size = self.read_size
+        try:
+            while True:
+                data = await reader.read(size)
+                if not data:
+                    break
+                writer.write(data)  # forward first ...
+                counts[direction] += len(data)
+                tap.data(direction, data)  # ... decode after (never raises)
+                await writer.drain()
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            ends.setdefault(direction, "reset")
+            log.info("%s: %s while forwarding %s", tap.where, exc.__class__.__name__, direction)
+            return
+        except OSError as exc:
+            ends.setdefault(direction, "reset")
+            log.warning("%s: %r while forwarding %s", tap.where, exc, direction)
+            return
+        ends.setdefault(direction, "eof")
+        if writer.can_write_eof() and not writer.is_closing():
+            try:
+                writer.write_eof()
+            except OSError:
+                ends[direction] = "reset"
+
+
+# -- command line -------------------------------------------------------------
+
+
+def _summary(row: dict[str, Any]) -> str:
+    from .render import safe_text
+
+    what = row["name"] if row["type"] == "frame" else row["type"]
+    if row["type"] != "frame":
+        detail = f"{row['length']} bytes"
+    elif row["role"] == "response":
+        detail = f"status={row['status_name']}"
+    else:
+        detail = f"vb={row['vbucket']}"
+    extra = f" key={row['key']!r}" if row["key"] is not None else ""
+    extra += f" seqno={row['seqno']}" if row["seqno"] is not None else ""
+    extra += f" [{'; '.join(row['problems'])}]" if row["problems"] else ""
+    opaque = f" opaque=0x{row['opaque']:08x}" if row["opaque"] is not None else ""
+    return safe_text(f"{row['frame']:>7} conn {row['conn_id']} {row['dir']} {what} {row['role'] or ''} {detail}{opaque}{extra}")
+
+
+def record_lines(records: list[Record], *, as_json: bool) -> list[str]:
+    """Lines for ``records``: JSON objects with the columns of ``frames --json``, or short summaries."""
+    from .columns import JSON_COLUMNS
+    from .tables import frames_table
+
+    table = frames_table(records)
+    if as_json:
+        out = []
+        for row in table.select(list(JSON_COLUMNS)).to_pylist():
+            ts = row["ts"]
+            row["ts"] = ts.timestamp() if ts is not None else None  # as ``frames --json`` does
+            out.append(json.dumps(row))
+        return out
+    cols = ["frame", "dir", "conn_id", "type", "length", "name", "role", "vbucket", "status_name", "opaque", "key", "seqno", "problems"]
+    return [_summary(row) for row in table.select(cols).to_pylist()]
+
+
+class _Printer:
+    """Prints records off the forwarding path: a bounded queue drained by a task."""
+
+    def __init__(self, out: TextIO, *, as_json: bool, limit: int = 100_000) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.queue: deque[Record] = deque()
+        self.limit = limit
+        self.dropped = 0
+        self.wake = asyncio.Event()
+
+    def add(self, rec: Record) -> None:
+        if len(self.queue) >= self.limit:
+            self.dropped += 1
+            return
+        self.queue.append(rec)
+        self.wake.set()
+
+    def drain(self) -> None:
+        while self.queue:
+            batch = [self.queue.popleft() for _ in range(min(len(self.queue), 4096))]
+            for line in record_lines(batch, as_json=self.as_json):
+                self.out.write(line + "\n")
+        if self.dropped:
+            self.out.write(f"# {self.dropped} records not shown (the output could not keep up)\n")
+            self.dropped = 0
+        self.out.flush()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await asyncio.sleep(0.05)  # batch what arrives meanwhile
+            try:
+                self.drain()
+            except BrokenPipeError:
+                return
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dcpinspect proxy", description="A byte-exact tap proxy that decodes what it forwards.")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: pick a free one)")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the memcached/Couchbase server to forward to")
+    p.add_argument("--pcap", metavar="OUT", help="write the capture of the proxied connections (pcap)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per record (the columns of `frames --json`)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print no records")
+    p.add_argument("--reveal-secrets", action="store_true", help="show SASL secrets instead of masking them")
+    p.add_argument("--keep-secrets", action="store_true", help="write SASL secrets into the pcap unmasked")
+    return p
+
+
+def command(argv: list[str], *, out: TextIO) -> int:
+    """``dcpinspect proxy --listen HOST:PORT --upstream HOST:PORT [--pcap OUT] [--json] [--reveal-secrets]``.
+
+    Prints ``listening on HOST:PORT`` first, then one line per record; on
+    SIGINT/SIGTERM flushes the capture and exits 0.  Bad arguments or an
+    address that cannot be listened on exit 2 with a one-line message.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        listen = parse_endpoint(args.listen)
+        upstream = parse_endpoint(args.upstream)
+    except ValueError as exc:
+        sys.stderr.write(f"dcpinspect proxy: error: {exc}\n")
+        return 2
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("dcpinspect proxy: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return asyncio.run(_run(args, listen, upstream, out))
+
+
+async def _run(args: argparse.Namespace, listen: tuple[str, int], upstream: tuple[str, int], out: TextIO) -> int:
+    printer = _Printer(out, as_json=args.json)
+    proxy = TapProxy(
+        listen,
+        upstream,
+        pcap=args.pcap,
+        on_record=None if args.quiet else printer.add,
+        reveal_secrets=args.reveal_secrets,
+        keep_secrets=args.keep_secrets,
+    )
+    try:
+        await proxy.start()
+    except OSError as exc:
+        sys.stderr.write(f"dcpinspect proxy: error: cannot listen on {_ep(listen)}: {exc}\n")
+        proxy.capture.close()
+        return 2
+    out.write(f"listening on {_ep(proxy.address)}\n")
+    out.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    printing = asyncio.create_task(printer.run())
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await proxy.stop()
+        printing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printing
+        with contextlib.suppress(BrokenPipeError):
+            printer.drain()
+    log.info(
+        "stopped: %d connections, %d bytes c2s, %d bytes s2c, %d records%s",
+        proxy.connections,
+        proxy.bytes["c2s"],
+        proxy.bytes["s2c"],
+        proxy.records,
+        f", capture in {args.pcap}" if args.pcap else "",
+    )
+    return 0

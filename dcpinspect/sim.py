@@ -1,0 +1,499 @@
+"""The simulated Couchbase data node on a real TCP socket (the asyncio edge of :mod:`dcpinspect.producer`).
+
+Inside a running event loop (Jupyter)::
+
+    sim = Simulator(items=100)
+    await sim.start()            # sim.host, sim.port
+    sim.failover(0, lose=5)      # scenario controls, callable while streaming
+    await sim.stop()
+
+From synchronous code::
+
+    with Simulator(items=100).run_in_thread() as sim:   # returns once listening
+        sim.failover(0, lose=5)                         # marshalled onto the simulator's loop
+
+Command line: ``dcpinspect sim --port 0`` prints ``listening on HOST:PORT`` first
+and runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TextIO, TypeVar
+
+from .producer import Bucket, Cluster, ProducerConnection
+
+__all__ = ["SCENARIOS", "Simulator", "SimulatorThread", "command"]
+
+T = TypeVar("T")
+
+Scenario = Callable[["Simulator"], Awaitable[None]]
+
+
+class Simulator:
+    """A DCP producer listening on TCP.
+
+    Args:
+        host: address to bind (loopback by default).
+        port: port to bind (0: pick a free one; see :attr:`port` after :meth:`start`).
+        bucket: bucket name.
+        vbuckets: number of vbuckets.
+        items: documents loaded into the default collection.
+        users: user name -> password.
+        scenario: name of a scripted scenario (:data:`SCENARIOS`) run after start.
+        seed: seeds UUIDs and scenario choices (deterministic runs).
+        tick: seconds between liveness ticks (noops, idle and slow-consumer checks).
+        idle_timeout: §7.6 dcp_idle_timeout.
+        slow_after: seconds a full flow-control window may last before streams end Slow (``None``: never).
+        checkpoint_items: seqnos per memory snapshot.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bucket: str = "default",
+        vbuckets: int = 4,
+        items: int = 100,
+        users: Mapping[str, str] | None = None,
+        scenario: str | None = None,
+        seed: int = 0,
+        tick: float = 0.05,
+        idle_timeout: float = 360.0,
+        slow_after: float | None = None,
+        checkpoint_items: int = 50,
+    ) -> None:
+        if scenario is not None and scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
+        self.host = host
+        self.port = port
+        self.scenario = scenario
+        self.cluster = Cluster(
+            users if users is not None else {"Administrator": "password"},
+            seed=seed,
+            idle_timeout=idle_timeout,
+            slow_after=slow_after,
+            checkpoint_items=checkpoint_items,
+        )
+        self.bucket: Bucket = self.cluster.create_bucket(bucket, vbuckets=vbuckets, items=items)
+        self.rng = random.Random(seed)
+        self.tick_interval = tick
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._conns: dict[ProducerConnection, tuple[asyncio.StreamWriter, asyncio.Event]] = {}
+
+    def __repr__(self) -> str:
+        return f"Simulator({self.host}:{self.port}, bucket={self.bucket.name!r}, connections={len(self._conns)})"
+
+    # --- lifecycle -----------------------------------------------------------------
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) once started."""
+        return (self.host, self.port)
+
+    @property
+    def running(self) -> bool:
+        """Listening."""
+        return self._server is not None
+
+    def _now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    async def start(self) -> Simulator:
+        """Bind and start serving; returns self (``host``/``port`` are then the bound address)."""
+        if self._server is not None:
+            return self
+        self._loop = asyncio.get_running_loop()
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        self._spawn(self._ticker())
+        if self.scenario is not None:
+            self._spawn(SCENARIOS[self.scenario][1](self))
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening, drop every connection, cancel the scenario."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for conn, (writer, wake) in list(self._conns.items()):
+            conn.close("simulator stopped")
+            wake.set()
+            writer.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+
+    async def __aenter__(self) -> Simulator:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def run_in_thread(self) -> SimulatorThread:
+        """Run on a private event loop in a daemon thread; returns once listening."""
+        return SimulatorThread(self)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- connections -------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        conn = ProducerConnection(self.cluster, peer=f"{peer[0]}:{peer[1]}" if peer else "", now=self._now())
+        wake = asyncio.Event()
+        self._conns[conn] = (writer, wake)
+        out = self._spawn(self._writer(conn, writer, wake))
+        try:
+            while not conn.closed:
+                data = await reader.read(65536)
+                if not data:
+                    conn.close("client closed the connection")
+                    break
+                conn.receive(data, self._now())
+                wake.set()
+        except (ConnectionError, OSError):
+            conn.close("connection reset")
+        finally:
+            conn.close(conn.close_reason or "closed")
+            wake.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await out
+
+    async def _writer(self, conn: ProducerConnection, writer: asyncio.StreamWriter, wake: asyncio.Event) -> None:
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                while True:
+                    data = conn.data_to_send()
+                    if data:
+                        writer.write(data)
+                        await writer.drain()
+                    if conn.closed or not conn.want_write:
+                        break
+                    conn.pump(self._now())
+                if conn.closed:
+                    break
+        except (ConnectionError, OSError):
+            conn.close("connection reset")
+        finally:
+            self._conns.pop(conn, None)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            self.kick()
+
+    def kick(self) -> None:
+        """Tick every connection now (after a workload change, data flows at once)."""
+        now = self._now() if self._loop is not None else 0.0
+        for conn, (_writer, wake) in list(self._conns.items()):
+            conn.tick(now)
+            wake.set()
+
+    @property
+    def connections(self) -> list[ProducerConnection]:
+        """The live connections."""
+        return list(self._conns)
+
+    # --- scenario controls (call on the simulator's loop; SimulatorThread marshals them) ----
+    def mutate(self, key: str, value: Any = None, **kw: Any) -> int:
+        """Store a document; returns its seqno."""
+        seqno = self.bucket.mutate(key, value, **kw).seqno
+        self.kick()
+        return seqno
+
+    def delete(self, key: str, **kw: Any) -> int:
+        """Delete a document; returns the tombstone's seqno."""
+        seqno = self.bucket.delete(key, **kw).seqno
+        self.kick()
+        return seqno
+
+    def failover(self, vbucket: int, *, lose: int = 0) -> int:
+        """Fail a vbucket over (optionally losing the last ``lose`` items); returns the new UUID."""
+        uuid = self.bucket.failover(vbucket, lose=lose)
+        self.kick()
+        return uuid
+
+    def purge(self, vbucket: int, upto: int | None = None) -> int:
+        """Purge tombstones up to ``upto``; returns the purge seqno."""
+        return self.bucket.purge(vbucket, upto)
+
+    def create_collection(self, name: str, *, scope: str = "_default") -> int:
+        """Create a collection; returns its id."""
+        cid = self.bucket.create_collection(name, scope=scope)
+        self.kick()
+        return cid
+
+    def drop_collection(self, name: str | int) -> int:
+        """Drop a collection; returns its id."""
+        cid = self.bucket.drop_collection(name)
+        self.kick()
+        return cid
+
+    def set_state(self, vbucket: int, state: int | str) -> None:
+        """Change a vbucket's state."""
+        self.bucket.set_state(vbucket, state)
+        self.kick()
+
+    def stall(self, seconds: float) -> None:
+        """Stop streaming to every connection for ``seconds`` (noops continue)."""
+        now = self._now()
+        for conn in self._conns:
+            conn.pause(now + seconds)
+
+    def drop_connections(self) -> None:
+        """Close every client connection."""
+        self.cluster.drop_connections()
+        self.kick()
+        for _writer, wake in self._conns.values():
+            wake.set()
+
+
+class SimulatorThread:
+    """A :class:`Simulator` on its own event loop in a daemon thread (for synchronous code).
+
+    Control methods are forwarded to the simulator's loop and wait for the result.
+    Use as a context manager or call :meth:`stop`.
+    """
+
+    def __init__(self, sim: Simulator, *, timeout: float = 10.0) -> None:
+        self.sim = sim
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="dcpinspect-sim", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError("simulator did not start")
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.sim.start())
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    @property
+    def host(self) -> str:
+        """Bound host."""
+        return self.sim.host
+
+    @property
+    def port(self) -> int:
+        """Bound port."""
+        return self.sim.port
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the simulator's loop and return its result."""
+
+        async def run() -> T:
+            return fn(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.sim, name)
+        if callable(attr) and name in _FORWARDED:
+            return lambda *a, **kw: self.call(attr, *a, **kw)
+        return attr
+
+    def stop(self) -> None:
+        """Stop the simulator and its thread."""
+        if self._loop.is_closed() or not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.sim.stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> SimulatorThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_FORWARDED = frozenset(
+    {"mutate", "delete", "failover", "purge", "create_collection", "drop_collection", "set_state", "stall", "drop_connections", "kick"}
+)
+
+
+# ---------------------------------------------------------------------------
+# named scenarios
+
+
+async def _steady(sim: Simulator) -> None:
+    """A mutation every 100 ms on a random existing document."""
+    i = 0
+    while True:
+        await asyncio.sleep(0.1)
+        i += 1
+        n = sim.rng.randrange(max(1, 100))
+        sim.mutate(f"doc-{n:04d}", {"id": n, "rev": i})
+
+
+async def _failover(sim: Simulator) -> None:
+    """Writes for 1 s, then vbucket 0 fails over losing its last 3 items (consumers must roll back); writes go on."""
+    steady = asyncio.ensure_future(_steady(sim))
+    try:
+        await asyncio.sleep(1.0)
+        sim.failover(0, lose=min(3, sim.bucket.vbuckets[0].high_seqno))
+        await asyncio.Event().wait()
+    finally:
+        steady.cancel()
+
+
+async def _purge(sim: Simulator) -> None:
+    """Deletes a few documents then purges the tombstones of every vbucket (resuming below the purge seqno rolls back to 0)."""
+    for n in range(0, 20, 2):
+        with contextlib.suppress(KeyError, ValueError):
+            sim.delete(f"doc-{n:04d}")
+    for vb in range(len(sim.bucket.vbuckets)):
+        sim.purge(vb)
+    await asyncio.Event().wait()
+
+
+async def _collections(sim: Simulator) -> None:
+    """Creates scope ``inventory`` with collection ``airlines``, writes to it, drops it after 2 s."""
+    sim.bucket.create_scope("inventory")
+    sim.create_collection("airlines", scope="inventory")
+    for i in range(20):
+        sim.mutate(f"airline-{i:03d}", {"id": i}, collection="inventory.airlines")
+    await asyncio.sleep(2.0)
+    sim.drop_collection("inventory.airlines")
+    await asyncio.Event().wait()
+
+
+async def _sync_writes(sim: Simulator) -> None:
+    """A prepare every 200 ms, committed (or every third one aborted) 100 ms later."""
+    i = 0
+    while True:
+        key = f"sync-{i % 10:02d}"
+        sim.bucket.prepare(key, {"id": i})
+        sim.kick()
+        await asyncio.sleep(0.1)
+        (sim.bucket.abort if i % 3 == 2 else sim.bucket.commit)(key)
+        sim.kick()
+        await asyncio.sleep(0.1)
+        i += 1
+
+
+async def _flaky(sim: Simulator) -> None:
+    """Writes continuously; every 3 s all connections are dropped."""
+    steady = asyncio.ensure_future(_steady(sim))
+    try:
+        while True:
+            await asyncio.sleep(3.0)
+            sim.drop_connections()
+    finally:
+        steady.cancel()
+
+
+#: name -> (description, coroutine taking the simulator)
+SCENARIOS: dict[str, tuple[str, Scenario]] = {
+    "steady": ("a mutation every 100 ms", _steady),
+    "failover": ("vbucket 0 fails over after 1 s losing 3 items (rollback)", _failover),
+    "purge": ("tombstones purged at start (rollback to 0 below the purge seqno)", _purge),
+    "collections": ("scope/collection created, written, dropped after 2 s", _collections),
+    "sync-writes": ("prepare/commit/abort every 200 ms", _sync_writes),
+    "flaky": ("connections dropped every 3 s", _flaky),
+}
+
+
+# ---------------------------------------------------------------------------
+# command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dcpinspect sim", description="Run a simulated Couchbase data node (DCP producer).")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, required=True, help="port (0: pick a free one)")
+    p.add_argument("--bucket", default="default", help="bucket name")
+    p.add_argument("--vbuckets", type=int, default=4, help="number of vbuckets")
+    p.add_argument("--items", type=int, default=100, help="documents loaded at start")
+    p.add_argument("--users", nargs="+", action="extend", metavar="USER:PASS", help="credentials (default Administrator:password)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), help="scripted scenario")
+    p.add_argument("--seed", type=int, default=0, help="seed for UUIDs and scenario choices")
+    return p
+
+
+def command(argv: list[str], *, out: TextIO) -> int:
+    """``dcpinspect sim``: serve until SIGINT/SIGTERM; the first output line is ``listening on HOST:PORT``."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    users: dict[str, str] = {}
+    for spec_ in args.users or ["Administrator:password"]:
+        user, sep, password = spec_.partition(":")
+        if not sep or not user:
+            out.write(f"dcpinspect sim: error: --users takes USER:PASS, got {user!r}\n")  # password never echoed
+            return 2
+        users[user] = password
+    if args.vbuckets < 1 or args.items < 0 or not 0 <= args.port <= 65535:
+        out.write("dcpinspect sim: error: --vbuckets >= 1, --items >= 0, 0 <= --port <= 65535\n")
+        return 2
+    sim = Simulator(
+        host=args.host,
+        port=args.port,
+        bucket=args.bucket,
+        vbuckets=args.vbuckets,
+        items=args.items,
+        users=users,
+        scenario=args.scenario,
+        seed=args.seed,
+    )
+
+    async def main() -> int:
+        try:
+            await sim.start()
+        except OSError as exc:
+            out.write(f"dcpinspect sim: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}\n")
+            out.flush()
+            return 1
+        out.write(f"listening on {sim.host}:{sim.port}\n")
+        out.flush()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await sim.stop()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 0

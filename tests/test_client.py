@@ -1,0 +1,451 @@
+"""The live client end to end on real TCP: against the sans-IO producer behind a minimal asyncio server
+(always), and against the project's simulator (``dcpinspect.sim``) when it is there."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcpinspect.client import ClientError, DcpClient, command, load_state, record_json, run_client, run_client_sync
+from dcpinspect.consumer import ConsumerConfig, ConsumerEvent, ResumeState
+from dcpinspect.records import Record, read_records
+
+producer = pytest.importorskip("dcpinspect.producer")
+
+PASSWORD = "pa55-word"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Node:
+    """A minimal data node on 127.0.0.1: one :class:`ProducerConnection` per TCP connection."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        loop = asyncio.get_running_loop()
+        conn = producer.ProducerConnection(self.cluster, now=loop.time())
+        try:
+            while not conn.closed:
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 16), 0.01)
+                except TimeoutError:
+                    data = None
+                if data == b"":
+                    break
+                if data:
+                    conn.receive(data, loop.time())
+                conn.tick(loop.time())
+                out = conn.data_to_send()
+                if out:
+                    writer.write(out)
+                    await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            conn.close("socket closed")
+            writer.close()
+            self.tasks.discard(task)
+
+    async def __aenter__(self) -> Node:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+def run(coro: Awaitable[Any], timeout: float = 20) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+
+
+def cluster(items: int = 120, vbuckets: int = 4, seed: int = 1) -> tuple[Any, Any]:
+    c = producer.Cluster({"alice": PASSWORD}, seed=seed)
+    return c, c.create_bucket("travel", vbuckets=vbuckets, items=items)
+
+
+def config(**kw: Any) -> ConsumerConfig:
+    base: dict[str, Any] = {
+        "bucket": "travel",
+        "user": "alice",
+        "password": PASSWORD,
+        "vbuckets": None,
+        "to_latest": True,
+        "buffer_size": 2000,
+    }
+    base.update(kw)
+    return ConsumerConfig(**base)
+
+
+def highs(bucket: Any) -> dict[int, int]:
+    return {i: v.high_seqno for i, v in enumerate(bucket.vbuckets)}
+
+
+def test_stream_to_latest_records_pcap_and_state(tmp_path: Path) -> None:
+    cl, bucket = cluster()
+    records: list[Record] = []
+    events: list[ConsumerEvent] = []
+    state_file = tmp_path / "state.json"
+    pcap = tmp_path / "live.pcap"
+
+    async def main() -> ResumeState:
+        async with Node(cl) as node:
+            return await run_client(
+                "127.0.0.1", node.port, config(), on_record=records.append, on_event=events.append, pcap=pcap, state_path=state_file
+            )
+
+    state = run(main())
+    assert {vb: st.seqno for vb, st in state.vbuckets.items()} == highs(bucket)
+    assert load_state(state_file) == state
+    names = [r.event.name for r in records if r.event.type == "frame"]  # type: ignore[union-attr]
+    assert names.count("DCP_MUTATION") == 120 and "DCP_BUFFER_ACKNOWLEDGEMENT" in names
+    assert all(r.event.type == "frame" for r in records)
+    assert {r.direction for r in records} == {"c2s", "s2c"}
+    from dcpinspect import dissect
+
+    assert all(not dissect(r.event, r.context).problems for r in records)  # type: ignore[arg-type]
+    # the pcap holds the same frames
+    back = list(read_records([str(pcap)]))
+    assert [r.event.name for r in back] == [r.event.name for r in records]  # type: ignore[union-attr]
+    # byte for byte, except the SCRAM proof: the pcap masks SASL secrets (LiveCapture keep_secrets=False)
+    differ = [(r.event.name, a.event.raw) for r, a in zip(records, back, strict=True) if r.event.raw != a.event.raw]  # type: ignore[union-attr]
+    assert [n for n, _ in differ] == ["SASL_STEP"] and b"p=****" in differ[0][1]
+    assert PASSWORD not in "".join(map(str, events))
+    row = record_json(records[0])
+    from dcpinspect.columns import JSON_COLUMNS
+
+    assert list(row) == list(JSON_COLUMNS) and row["name"] == "HELLO" and isinstance(row["ts"], float)
+
+
+def test_resume_from_a_saved_state_gets_only_the_new_items(tmp_path: Path) -> None:
+    cl, bucket = cluster(items=40)
+    state_file = tmp_path / "state.json"
+
+    async def session() -> tuple[ResumeState, list[ConsumerEvent]]:
+        evs: list[ConsumerEvent] = []
+        async with Node(cl) as node:
+            st = await run_client("127.0.0.1", node.port, config(), on_event=evs.append, state_path=state_file)
+        return st, evs
+
+    first, _ = run(session())
+    for i in range(7):
+        bucket.mutate(f"later-{i}", {"i": i})
+    second, evs = run(session())
+    assert sum(e.kind == "mutation" for e in evs) == 7
+    assert {vb: st.seqno for vb, st in second.vbuckets.items()} == highs(bucket)
+    reqs = [e for e in evs if e.kind == "stream_requested"]
+    assert {e.vbucket: e.data["start_seqno"] for e in reqs} == {vb: st.seqno for vb, st in first.vbuckets.items()}
+    assert all(e.data["vb_uuid"] == first.vbuckets[e.vbucket].vb_uuid for e in reqs if e.vbucket is not None)
+
+
+def test_failover_rollback_on_the_wire_and_the_retry_succeeds(tmp_path: Path) -> None:
+    cl, bucket = cluster(items=80, vbuckets=2)
+    records: list[Record] = []
+
+    async def session(resume: ResumeState | None) -> tuple[ResumeState, list[ConsumerEvent]]:
+        evs: list[ConsumerEvent] = []
+        async with Node(cl) as node:
+            st = await run_client("127.0.0.1", node.port, config(resume=resume), on_event=evs.append, on_record=records.append)
+        return st, evs
+
+    first, _ = run(session(None))
+    bucket.failover(1, lose=5)
+    bucket.mutate("after", {"x": 1})
+    records.clear()
+    second, evs = run(session(first))
+    from dcpinspect import dissect
+
+    rollbacks = [
+        dissect(r.event, r.context)
+        for r in records
+        if r.event.type == "frame" and r.event.name == "DCP_STREAM_REQ" and r.event.status == 0x23
+    ]  # type: ignore[union-attr,arg-type]
+    assert len(rollbacks) == 1 and rollbacks[0].frame.opaque
+    r = rollbacks[0].body["rollback_seqno"]
+    assert r <= first.vbuckets[1].seqno - 5
+    reqs = [dissect(x.event, x.context) for x in records if x.direction == "c2s" and x.event.name == "DCP_STREAM_REQ"]  # type: ignore[union-attr,arg-type]
+    retry = [d for d in reqs if d.frame.vbucket == 1][-1]
+    assert retry.extras["start_seqno"] == r and retry.extras["snap_start_seqno"] == r == retry.extras["snap_end_seqno"]
+    assert retry.extras["vb_uuid"] == next(u for u, s in first.vbuckets[1].failover_log if s <= r)
+    assert {vb: st.seqno for vb, st in second.vbuckets.items()} == highs(bucket)
+    assert second.vbuckets[1].vb_uuid == bucket.vbuckets[1].failover_log[0][0]
+    assert [e.kind for e in evs].count("rollback") == 1
+
+
+def test_connection_refused_and_bad_password() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ClientError, match="cannot connect"):
+        run(run_client("127.0.0.1", port, config()))
+    cl, _ = cluster(items=1)
+
+    async def main() -> None:
+        async with Node(cl) as node:
+            await run_client("127.0.0.1", node.port, config(password="wrong"))
+
+    with pytest.raises(ClientError, match="authentication failed") as info:
+        run(main())
+    assert "wrong" not in str(info.value)
+
+
+def test_stop_from_inside_a_running_loop_and_sync_use(tmp_path: Path) -> None:
+    cl, bucket = cluster(items=10)
+
+    async def main() -> ResumeState:
+        async with Node(cl) as node:
+            client = DcpClient("127.0.0.1", node.port, config(to_latest=False), state_path=tmp_path / "s.json")
+            await client.start()
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if client.consumer is not None and all(s.position.seqno == highs(bucket)[vb] for vb, s in client.consumer.streams.items()):
+                    break
+            return await client.stop()
+
+    state = run(main())
+    assert {vb: st.seqno for vb, st in state.vbuckets.items()} == highs(bucket)
+    assert load_state(tmp_path / "s.json") == state
+
+    # from sync code, and from sync code called inside a running loop (as in Jupyter)
+    async def node_then_sync() -> ResumeState:
+        async with Node(cl) as node:
+            return await asyncio.to_thread(run_client_sync, "127.0.0.1", node.port, config())
+
+    assert run(node_then_sync()) == state
+
+
+@contextlib.contextmanager
+def node_in_thread(cl: Any) -> Iterator[int]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def serve() -> None:
+        async with Node(cl) as node:
+            holder["port"] = node.port
+            holder["stop"] = asyncio.Event()
+            ready.set()
+            await holder["stop"].wait()
+
+    t = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    t.start()
+    ready.wait(10)
+    try:
+        yield holder["port"]
+    finally:
+        loop.call_soon_threadsafe(holder["stop"].set)
+        t.join(10)
+        loop.close()
+
+
+def test_cli_to_latest_json_exits_0(tmp_path: Path) -> None:
+    cl, bucket = cluster(items=25, vbuckets=2)
+    env = {**os.environ, "DCPINSPECT_PASSWORD": PASSWORD, "PYTHONPATH": str(ROOT)}
+    with node_in_thread(cl) as port:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dcpinspect",
+                "client",
+                f"127.0.0.1:{port}",
+                "--bucket",
+                "travel",
+                "--user",
+                "alice",
+                "--to-latest",
+                "--json",
+                "--state",
+                str(tmp_path / "st.json"),
+                "--pcap",
+                str(tmp_path / "c.pcap"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        rows = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert sum(r["name"] == "DCP_MUTATION" for r in rows) == 25
+        assert all(not r["problems"] for r in rows)
+        assert PASSWORD not in proc.stdout + proc.stderr
+        assert {int(k): v["seqno"] for k, v in json.loads((tmp_path / "st.json").read_text())["vbuckets"].items()} == highs(bucket)
+        # the human summary, resumed from the state file: nothing new
+        out = io.StringIO()
+        os.environ["DCPINSPECT_TEST_PW"] = PASSWORD
+        try:
+            rc = command(
+                [
+                    f"127.0.0.1:{port}",
+                    "--bucket",
+                    "travel",
+                    "--user",
+                    "alice",
+                    "--password-env",
+                    "DCPINSPECT_TEST_PW",
+                    "--to-latest",
+                    "--state",
+                    str(tmp_path / "st.json"),
+                ],
+                out=out,
+            )
+        finally:
+            del os.environ["DCPINSPECT_TEST_PW"]
+        assert rc == 0, out.getvalue()
+        lines = [x for x in out.getvalue().splitlines() if x.startswith("vb ")]
+        assert len(lines) == 2 and all("nothing" in x and "OK" in x for x in lines)
+        # wrong password: one line, exit 2
+        env_bad = {**env, "DCPINSPECT_PASSWORD": "nope"}
+        bad = subprocess.run(
+            [sys.executable, "-m", "dcpinspect", "client", f"127.0.0.1:{port}", "--bucket", "travel", "--user", "alice", "--to-latest"],
+            capture_output=True,
+            text=True,
+            env=env_bad,
+            timeout=60,
+            check=False,
+        )
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_cli_errors_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DCPINSPECT_PASSWORD", PASSWORD)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert command([f"127.0.0.1:{port}", "--bucket", "b", "--user", "u"], out=io.StringIO()) == 2
+    assert "cannot connect" in err.getvalue() and len(err.getvalue().splitlines()) == 1
+    monkeypatch.delenv("DCPINSPECT_PASSWORD")
+    assert command(["127.0.0.1:1", "--bucket", "b", "--user", "u"], out=io.StringIO()) == 2
+    assert "DCPINSPECT_PASSWORD" in err.getvalue()
+    assert command(["127.0.0.1:1", "--bucket", "b", "--user", "u", "--vbuckets", "3-1"], out=io.StringIO()) == 2
+
+
+# --- the project's simulator ------------------------------------------------------------------------
+
+
+def _sim() -> Any:
+    sim = pytest.importorskip("dcpinspect.sim")
+    return sim.Simulator(host="127.0.0.1", port=0, bucket="travel", vbuckets=4, items=60, users={"alice": PASSWORD}, seed=7, tick=0.02)
+
+
+def test_simulator_to_latest_then_failover_rollback_and_retry() -> None:
+    s = _sim()
+
+    async def main() -> None:
+        await s.start()
+        try:
+            first = await run_client(s.host, s.port, config())
+            assert {vb: st.seqno for vb, st in first.vbuckets.items()} == highs(s.bucket)
+            s.failover(2, lose=4)
+            s.mutate("fresh", {"v": 1})
+            evs: list[ConsumerEvent] = []
+            second = await run_client(s.host, s.port, config(resume=first), on_event=evs.append)
+            rb = [e for e in evs if e.kind == "rollback"]
+            assert [e.vbucket for e in rb] == [2] and rb[0].data["rollback_seqno"] <= first.vbuckets[2].seqno - 4
+            assert {vb: st.seqno for vb, st in second.vbuckets.items()} == highs(s.bucket)
+            assert second.vbuckets[2].vb_uuid == s.bucket.vbuckets[2].failover_log[0][0]
+        finally:
+            await s.stop()
+
+    run(main())
+
+
+def test_simulator_failover_while_streaming_rerequests_and_rolls_back() -> None:
+    s = _sim()
+
+    async def main() -> None:
+        await s.start()
+        try:
+            evs: list[ConsumerEvent] = []
+            client = DcpClient(s.host, s.port, config(to_latest=False, vbuckets=(0, 1)), on_event=evs.append)
+            await client.start()
+
+            async def until(cond: Any) -> None:
+                for _ in range(500):
+                    if cond():
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"timed out; events: {[str(e) for e in evs if e.kind not in ('mutation', 'checkpoint')]}")
+
+            def caught_up() -> bool:
+                c = client.consumer
+                return c is not None and all(st.position.seqno == s.bucket.vbuckets[vb].high_seqno for vb, st in c.streams.items())
+
+            await until(caught_up)
+            s.failover(0, lose=3)
+            await until(lambda: any(e.kind == "rollback" for e in evs) and caught_up())
+            for i in range(20):
+                s.mutate(f"after-{i}", i)
+            await until(caught_up)
+            state = await client.stop()
+            kinds = [e.kind for e in evs]
+            assert "stream_end" in kinds and "rerequest" in kinds and "malformed" not in kinds
+            assert {vb: st.seqno for vb, st in state.vbuckets.items()} == {vb: s.bucket.vbuckets[vb].high_seqno for vb in (0, 1)}
+        finally:
+            await s.stop()
+
+    run(main())
+
+
+def test_simulator_cli_to_latest_json_exits_0(tmp_path: Path) -> None:
+    s = _sim()
+    env = {**os.environ, "DCPINSPECT_PASSWORD": PASSWORD, "PYTHONPATH": str(ROOT)}
+    with s.run_in_thread() as t:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dcpinspect",
+                "client",
+                f"{t.host}:{t.port}",
+                "--bucket",
+                "travel",
+                "--user",
+                "alice",
+                "--vbuckets",
+                "0-3",
+                "--to-latest",
+                "--json",
+                "--pcap",
+                str(tmp_path / "sim.pcap"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert sum(r["name"] == "DCP_MUTATION" for r in rows) == 60
+    assert sum(r["name"] == "DCP_STREAM_END" for r in rows) == 4
+    assert all(not r["problems"] for r in rows)
+    assert len(list(read_records([str(tmp_path / "sim.pcap")]))) == len(rows)

@@ -1,0 +1,765 @@
+"""The sans-IO DCP consumer against a scripted server (replies built with encode, requests read with dissect)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dcpinspect import FrameDecoder, dissect, encode
+from dcpinspect.consumer import (
+    MAX_SEQNO,
+    ConsumerConfig,
+    ConsumerEvent,
+    DcpConsumer,
+    Phase,
+    ResumeState,
+    VbState,
+    flow_control_size,
+)
+from dcpinspect.decoder import Frame
+from dcpinspect.dissect import Dissection
+from dcpinspect.sasl import ScramServer
+
+PASSWORD = "s3cret-pw"
+
+
+def cfg(**kw) -> ConsumerConfig:
+    base = {"bucket": "travel", "user": "alice", "password": PASSWORD, "vbuckets": (0,), "buffer_size": 1000}
+    base.update(kw)
+    return ConsumerConfig(**base)
+
+
+class Server:
+    """A scripted server: it reads what the consumer sent and answers with frames built by encode."""
+
+    def __init__(self, config: ConsumerConfig) -> None:
+        self.c = DcpConsumer(config)
+        self.now = 0.0
+        self.events: list[ConsumerEvent] = []
+        self.decoder = FrameDecoder()
+        self.log: list[Dissection] = []
+
+    def sent(self) -> list[Dissection]:
+        """Frames the consumer sent since the last call; each must dissect without problems."""
+        out = []
+        for ev in self.decoder.feed(self.c.data_to_send()):
+            assert isinstance(ev, Frame), ev
+            d = dissect(ev, self.c.context)
+            assert not d.problems, (d.name, d.problems)
+            out.append(d)
+        self.log += out
+        return out
+
+    def one(self, name: str) -> Dissection:
+        got = self.sent()
+        assert [d.name for d in got] == [name], [d.name for d in got]
+        return got[0]
+
+    def reply(self, *frames: bytes, dt: float = 0.01) -> list[ConsumerEvent]:
+        self.now += dt
+        evs = self.c.receive(b"".join(frames), self.now)
+        self.events += evs
+        return evs
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.events]
+
+
+def resp(name: str, req: Dissection, status: int = 0, **kw) -> bytes:
+    return encode(name, response=True, opaque=req.frame.opaque, status=status, **kw)
+
+
+def bootstrap(
+    config: ConsumerConfig, *, mechs: bytes = b"PLAIN", high: dict[int, int] | None = None, reject: tuple[str, ...] = ()
+) -> Server:
+    """Drive the consumer to its stream requests (which stay unread in ``srv.pending``)."""
+    s = Server(config)
+    hello = s.one("HELLO")
+    s.reply(resp("HELLO", hello, value={"features": [{"feature": 0x12}, {"feature": 0x0B}]}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=mechs))
+    auth = s.one("SASL_AUTH")
+    assert auth.key == b"PLAIN"
+    s.reply(resp("SASL_AUTH", auth))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET")))
+    if config.to_latest:
+        req = s.one("GET_ALL_VB_SEQNOS")
+        s.reply(resp("GET_ALL_VB_SEQNOS", req, value={"vb_seqnos": [{"vbucket": vb, "high_seqno": h} for vb, h in (high or {}).items()]}))
+    s.reply(resp("DCP_OPEN", s.one("DCP_OPEN")))
+    while True:
+        got = s.sent()
+        if not got or got[0].name != "DCP_CONTROL":
+            s.pending = got  # type: ignore[attr-defined]
+            return s
+        assert len(got) == 1
+        s.reply(resp("DCP_CONTROL", got[0], status=0x04 if got[0].key_text in reject else 0))
+
+
+def accept(s: Server, req: Dissection, log: list[tuple[int, int]]) -> list[ConsumerEvent]:
+    return s.reply(resp("DCP_STREAM_REQ", req, value=log))
+
+
+def stream_req(s: Server) -> Dissection:
+    got = [d for d in s.pending if d.name == "DCP_STREAM_REQ"]  # type: ignore[attr-defined]
+    assert len(got) == 1
+    return got[0]
+
+
+def marker(req: Dissection, start: int, end: int, flags: int = 1) -> bytes:
+    return encode(
+        "DCP_SNAPSHOT_MARKER",
+        extras={"start_seqno": start, "end_seqno": end, "flags": flags},
+        vbucket=req.frame.vbucket or 0,
+        opaque=req.frame.opaque,
+    )
+
+
+def mutation(req: Dissection, seqno: int, key: str = "k", value: bytes = b"{}") -> bytes:
+    return encode(
+        "DCP_MUTATION",
+        extras={"by_seqno": seqno, "rev_seqno": 1},
+        key=key,
+        cid=0,
+        value=value,
+        datatype=1,
+        vbucket=req.frame.vbucket or 0,
+        opaque=req.frame.opaque,
+    )
+
+
+def stream_end(req: Dissection, status: int = 0) -> bytes:
+    return encode("DCP_STREAM_END", extras={"status": status}, vbucket=req.frame.vbucket or 0, opaque=req.frame.opaque)
+
+
+# --- bootstrap ------------------------------------------------------------------------------
+
+
+def test_bootstrap_order_one_request_at_a_time() -> None:
+    s = bootstrap(cfg(to_latest=True, noop_interval=2.5), high={0: 7, 1: 9})
+    names = [d.name for d in s.log]
+    assert names == [
+        "HELLO",
+        "SASL_LIST_MECHS",
+        "SASL_AUTH",
+        "SELECT_BUCKET",
+        "GET_ALL_VB_SEQNOS",
+        "DCP_OPEN",
+        "DCP_CONTROL",
+        "DCP_CONTROL",
+        "DCP_CONTROL",
+        "DCP_STREAM_REQ",
+    ]
+    hello = s.log[0]
+    assert {f["feature"] for f in hello.body["features"]} >= {0x12, 0x0B}
+    assert s.log[3].key == b"travel"
+    op = s.log[5]
+    assert op.key == b"dcpinspect" and op.extras["flags"] & 0x01
+    assert [(d.key_text, d.frame.value) for d in s.log[6:9]] == [
+        ("enable_noop", b"true"),
+        ("set_noop_interval", b"2.5"),
+        ("connection_buffer_size", b"1000"),
+    ]
+    req = s.log[9]
+    assert req.extras["end_seqno"] == 7 and req.extras["start_seqno"] == 0 and req.extras["vb_uuid"] == 0
+    assert s.c.phase == Phase.STREAMING and s.c.flow_control and s.c.noop
+    assert len({d.frame.opaque for d in s.log}) == len(s.log)  # every request its own opaque
+
+
+def test_scram_picks_the_strongest_and_verifies_the_server() -> None:
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"SCRAM-SHA1 PLAIN SCRAM-SHA512 SCRAM-SHA256"))
+    auth = s.one("SASL_AUTH")
+    assert auth.key == b"SCRAM-SHA512"
+    server = ScramServer("SCRAM-SHA512", {"alice": PASSWORD}, iterations=64)
+    s.reply(resp("SASL_AUTH", auth, status=0x21, value=server.first(auth.frame.value)))
+    step = s.one("SASL_STEP")
+    assert step.key == b"SCRAM-SHA512"
+    final = server.final(step.frame.value)  # raises if the proof is wrong
+    assert server.user == "alice"
+    s.reply(resp("SASL_STEP", step, value=final))
+    assert s.one("SELECT_BUCKET").key == b"travel"
+    assert "authenticated" in s.kinds()
+
+
+def test_scram_server_signature_mismatch_fails() -> None:
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"SCRAM-SHA256"))
+    auth = s.one("SASL_AUTH")
+    server = ScramServer("SCRAM-SHA256", {"alice": PASSWORD}, iterations=64)
+    s.reply(resp("SASL_AUTH", auth, status=0x21, value=server.first(auth.frame.value)))
+    step = s.one("SASL_STEP")
+    server.final(step.frame.value)
+    s.reply(resp("SASL_STEP", step, value=b"v=AAAA"))
+    assert s.c.done and s.c.phase == Phase.FAILED and "signature" in (s.c.failure or "")
+    assert s.sent() == []
+
+
+def test_plain_payload() -> None:
+    s = Server(cfg(mechanisms=("PLAIN",)))
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"SCRAM-SHA512 PLAIN"))
+    auth = s.one("SASL_AUTH")
+    assert auth.key == b"PLAIN" and auth.frame.value == b"\0alice\0" + PASSWORD.encode()
+
+
+def test_auth_failure_is_an_event_and_never_shows_the_password() -> None:
+    c = cfg()
+    s = Server(c)
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH"), status=0x20))
+    assert "auth_failed" in s.kinds() and s.c.done and s.c.phase == Phase.FAILED
+    assert "0x20" in (s.c.failure or "")
+    assert s.sent() == []
+    shown = repr(c) + str(s.c.__dict__) + "".join(map(str, s.events)) + "".join(map(repr, s.events))
+    assert PASSWORD not in shown
+    assert "alice" in repr(c)
+
+
+def test_no_common_mechanism() -> None:
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"OAUTHBEARER"))
+    assert s.c.phase == Phase.FAILED and "OAUTHBEARER" in (s.c.failure or "")
+
+
+def test_select_bucket_and_open_failures() -> None:
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH")))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET"), status=0x24))
+    assert s.c.phase == Phase.FAILED and "travel" in (s.c.failure or "")
+
+
+def test_rejected_controls_are_noted_and_switch_features_off() -> None:
+    s = bootstrap(cfg(), reject=("connection_buffer_size",))
+    assert s.c.rejected_controls == {"connection_buffer_size": 0x04}
+    assert not s.c.flow_control and "control_rejected" in s.kinds()
+    req = stream_req(s)
+    accept(s, req, [(5, 0)])
+    s.reply(marker(req, 0, 50), *(mutation(req, i, value=b"x" * 200) for i in range(1, 10)))
+    assert all(d.name != "DCP_BUFFER_ACKNOWLEDGEMENT" for d in s.sent())
+
+
+def test_noop_disabled_drops_its_interval() -> None:
+    s = bootstrap(cfg(), reject=("enable_noop",))
+    assert [d.key_text for d in s.log if d.name == "DCP_CONTROL"] == ["enable_noop", "connection_buffer_size"]
+
+
+def test_get_all_vb_seqnos_falls_back_to_stat() -> None:
+    s = Server(cfg(to_latest=True, vbuckets=(0, 3)))
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH")))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET")))
+    s.reply(resp("GET_ALL_VB_SEQNOS", s.one("GET_ALL_VB_SEQNOS"), status=0x81))
+    stat = s.one("STAT")
+    assert stat.key == b"vbucket-seqno"
+    s.reply(
+        resp("STAT", stat, key="vb_0:high_seqno", value=b"12"),
+        resp("STAT", stat, key="vb_0:uuid", value=b"777"),
+        resp("STAT", stat, key="vb_3:high_seqno", value=b"4"),
+    )
+    assert s.sent() == []
+    s.reply(resp("STAT", stat))
+    s.reply(resp("DCP_OPEN", s.one("DCP_OPEN")))
+    while (got := s.sent())[0].name == "DCP_CONTROL":
+        s.reply(resp("DCP_CONTROL", got[0]))
+    ends = {d.frame.vbucket: d.extras["end_seqno"] for d in got}
+    assert ends == {0: 12, 3: 4}
+
+
+# --- stream requests from a saved state --------------------------------------------------------
+
+
+def test_fresh_request() -> None:
+    req = stream_req(bootstrap(cfg()))
+    assert req.extras == {
+        "flags": 0,
+        "reserved": 0,
+        "start_seqno": 0,
+        "end_seqno": MAX_SEQNO,
+        "vb_uuid": 0,
+        "snap_start_seqno": 0,
+        "snap_end_seqno": 0,
+    }
+
+
+def test_resume_mid_snapshot_sends_the_snapshot_bounds() -> None:
+    state = ResumeState("travel", {0: VbState(vb_uuid=0xABC, seqno=5, snap_start=3, snap_end=8, failover_log=[(0xABC, 0)])})
+    req = stream_req(bootstrap(cfg(resume=state)))
+    e = req.extras
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (5, 3, 8, 0xABC)
+
+
+def test_resume_after_a_complete_snapshot() -> None:
+    state = ResumeState("travel", {0: VbState(vb_uuid=0xABC, seqno=8, snap_start=8, snap_end=8, failover_log=[(0xABC, 0)])})
+    req = stream_req(bootstrap(cfg(resume=state)))
+    e = req.extras
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (8, 8, 8, 0xABC)
+
+
+def test_to_latest_never_asks_for_an_end_below_its_start() -> None:
+    state = ResumeState("travel", {0: VbState(vb_uuid=9, seqno=10, snap_start=10, snap_end=10, failover_log=[(9, 0)])})
+    req = stream_req(bootstrap(cfg(resume=state, to_latest=True), high={0: 7}))
+    assert req.extras["start_seqno"] == 10 and req.extras["end_seqno"] == 10
+
+
+def test_stream_ids_and_collection_filter_in_the_value() -> None:
+    s = bootstrap(cfg(stream_ids=True, stream_value={"collections": ["8"]}))
+    req = stream_req(s)
+    assert req.document == {"collections": ["8"], "sid": 1}
+    accept(s, req, [(1, 0)])
+    frame = encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": 0, "end_seqno": 1, "flags": 1}, opaque=req.frame.opaque, stream_id=1)
+    s.reply(frame, encode("DCP_MUTATION", extras={"by_seqno": 1}, key="a", cid=8, opaque=req.frame.opaque, stream_id=1))
+    assert s.c.state.vbuckets[0].seqno == 1
+
+
+# --- rollback (FACTS §7.4) ----------------------------------------------------------------------
+
+
+def _rollback_case(
+    log: list[tuple[int, int]], seqno: int, snap: tuple[int, int], rollback_to: int
+) -> tuple[Server, Dissection, Dissection]:
+    state = ResumeState("travel", {0: VbState(vb_uuid=log[0][0], seqno=seqno, snap_start=snap[0], snap_end=snap[1], failover_log=log)})
+    s = bootstrap(cfg(resume=state))
+    first = stream_req(s)
+    s.reply(resp("DCP_STREAM_REQ", first, status=0x23, value={"rollback_seqno": rollback_to}))
+    retry = s.one("DCP_STREAM_REQ")
+    return s, first, retry
+
+
+def test_rollback_worked_example_from_the_docs() -> None:
+    # discussion.md: table [(2222,3),(1111,0)], request uuid 1111 start 3 snap {1,4} -> rollback to 1
+    s, first, retry = _rollback_case([(1111, 0)], 3, (1, 4), 1)
+    assert first.extras["vb_uuid"] == 1111 and first.extras["snap_start_seqno"] == 1 and first.extras["snap_end_seqno"] == 4
+    e = retry.extras
+    assert (e["start_seqno"], e["vb_uuid"], e["snap_start_seqno"], e["snap_end_seqno"]) == (1, 1111, 1, 1)
+    assert retry.frame.opaque != first.frame.opaque
+    st = s.c.state.vbuckets[0]
+    assert (st.seqno, st.snap_start, st.snap_end, st.failover_log) == (1, 1, 1, [(1111, 0)])
+    ev = next(e for e in s.events if e.kind == "rollback")
+    assert ev.data["rollback_seqno"] == 1 and ev.data["from_seqno"] == 3
+
+
+def test_rollback_trims_the_failover_log_and_takes_the_newest_remaining_uuid() -> None:
+    s, _, retry = _rollback_case([(3333, 10), (2222, 5), (1111, 0)], 12, (12, 12), 7)
+    e = retry.extras
+    assert (e["start_seqno"], e["vb_uuid"], e["snap_start_seqno"], e["snap_end_seqno"]) == (7, 2222, 7, 7)
+    assert s.c.state.vbuckets[0].failover_log == [(2222, 5), (1111, 0)]
+
+
+def test_rollback_to_a_branch_point_keeps_that_entry() -> None:
+    _, _, retry = _rollback_case([(3333, 10), (2222, 5), (1111, 0)], 12, (11, 14), 10)
+    assert (retry.extras["start_seqno"], retry.extras["vb_uuid"]) == (10, 3333)
+
+
+def test_rollback_to_zero_is_a_fresh_start() -> None:
+    s, _, retry = _rollback_case([(3333, 10), (1111, 0)], 12, (12, 12), 0)
+    e = retry.extras
+    assert (e["start_seqno"], e["vb_uuid"], e["snap_start_seqno"], e["snap_end_seqno"]) == (0, 0, 0, 0)
+    assert s.c.state.vbuckets[0].failover_log == []
+
+
+def test_repeated_rollbacks_then_success_stores_the_servers_log() -> None:
+    s, _, retry = _rollback_case([(3333, 10), (2222, 5), (1111, 0)], 12, (12, 12), 7)
+    s.reply(resp("DCP_STREAM_REQ", retry, status=0x23, value={"rollback_seqno": 4}))
+    again = s.one("DCP_STREAM_REQ")
+    assert (again.extras["start_seqno"], again.extras["vb_uuid"]) == (4, 1111)
+    accept(s, again, [(4444, 4), (1111, 0)])
+    st = s.c.state.vbuckets[0]
+    assert st.vb_uuid == 4444 and st.failover_log == [(4444, 4), (1111, 0)] and st.seqno == 4
+    assert s.c.streams[0].rollbacks == 2 and s.c.streams[0].status == "streaming"
+
+
+def test_endless_rollbacks_give_up() -> None:
+    state = ResumeState("travel", {0: VbState(vb_uuid=1, seqno=5, snap_start=5, snap_end=5, failover_log=[(1, 0)])})
+    s = bootstrap(cfg(resume=state, max_rollbacks=3))
+    req = stream_req(s)
+    for _ in range(4):
+        s.reply(resp("DCP_STREAM_REQ", req, status=0x23, value={"rollback_seqno": 5}))
+        got = s.sent()
+        if not got:
+            break
+        req = got[0]
+    assert s.c.streams[0].status == "failed" and s.c.done
+
+
+def test_other_stream_request_errors_stop_that_vbucket_only() -> None:
+    s = bootstrap(cfg(vbuckets=(0, 1)))
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    s.reply(resp("DCP_STREAM_REQ", reqs[1], status=0x07))
+    accept(s, reqs[0], [(1, 0)])
+    assert s.c.streams[1].status == "failed" and "0x07" in (s.c.streams[1].error or "")
+    assert s.c.streams[0].status == "streaming" and not s.c.done
+
+
+# --- snapshots, items, state --------------------------------------------------------------------
+
+
+def test_state_is_committed_only_at_consistent_points() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.reply(marker(req, 0, 3), mutation(req, 1), mutation(req, 2))
+    assert s.c.state.vbuckets[0].seqno == 0  # mid-snapshot: not consistent yet
+    assert s.c.streams[0].position.seqno == 2
+    s.reply(mutation(req, 3))
+    st = s.c.state.vbuckets[0]
+    assert (st.seqno, st.snap_start, st.snap_end, st.vb_uuid) == (3, 3, 3, 77)
+    s.reply(marker(req, 4, 9), mutation(req, 5))
+    assert s.c.state.vbuckets[0].seqno == 3
+    # the next marker closes the snapshot (seqno 6..9 were deduplicated away): resume inside its bounds
+    s.reply(marker(req, 10, 12))
+    st = s.c.state.vbuckets[0]
+    assert (st.seqno, st.snap_start, st.snap_end) == (5, 4, 9)
+    assert s.c.streams[0].counts["mutation"] == 4
+
+
+def test_snapshot_ack_flag_is_answered_once_the_snapshot_is_in() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    m = marker(req, 1, 2, flags=0x08 | 0x02)
+    s.reply(m, mutation(req, 1))
+    assert s.sent() == []
+    s.reply(mutation(req, 2))
+    ack = s.one("DCP_SNAPSHOT_MARKER")
+    assert ack.role == "response" and ack.frame.opaque == req.frame.opaque
+
+
+def test_v22_marker_seqno_advanced_and_sync_writes() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o = req.frame.opaque
+    s.reply(
+        encode("DCP_SNAPSHOT_MARKER", extras={"version": 2}, value={"start_seqno": 1, "end_seqno": 6, "flags": 2}, opaque=o),
+        encode("DCP_PREPARE", extras={"by_seqno": 1, "durability_level": 1}, key="p", cid=0, cas=5, opaque=o),
+        encode("DCP_COMMIT", extras={"prepared_seqno": 1, "commit_seqno": 2}, key="p", cid=0, opaque=o),
+        encode("DCP_PREPARE", extras={"by_seqno": 3, "durability_level": 1}, key="q", cid=0, cas=6, opaque=o),
+        encode("DCP_ABORT", extras={"prepared_seqno": 3, "abort_seqno": 4}, key="q", cid=0, opaque=o),
+    )
+    assert s.c.streams[0].position.seqno == 4 and s.c.state.vbuckets[0].seqno == 0
+    s.reply(encode("DCP_SEQNO_ADVANCED", extras={"seqno": 6}, opaque=o))
+    assert s.c.state.vbuckets[0].seqno == 6
+    kinds = s.kinds()
+    assert {"prepare", "commit", "abort", "seqno_advanced"} <= set(kinds)
+    assert "malformed" not in kinds
+
+
+def test_system_event_is_an_item() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o = req.frame.opaque
+    s.reply(
+        marker(req, 1, 1),
+        encode(
+            "DCP_SYSTEM_EVENT",
+            extras={"by_seqno": 1, "event": 0, "version": 0},
+            key="c1",
+            value={"manifest_uid": 2, "scope_id": 0, "collection_id": 8},
+            opaque=o,
+        ),
+    )
+    assert s.c.state.vbuckets[0].seqno == 1 and "system_event" in s.kinds()
+
+
+def test_oso_snapshot_resume_points() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o = req.frame.opaque
+    s.reply(encode("DCP_OSO_SNAPSHOT", extras={"flags": 1}, opaque=o), mutation(req, 7), mutation(req, 2), mutation(req, 5))
+    assert s.c.state.vbuckets[0].seqno == 0 and "malformed" not in s.kinds()
+    s.reply(encode("DCP_OSO_SNAPSHOT", extras={"flags": 2}, opaque=o))
+    st = s.c.state.vbuckets[0]
+    assert (st.seqno, st.snap_start, st.snap_end) == (7, 7, 7)
+    s.reply(encode("DCP_SEQNO_ADVANCED", extras={"seqno": 9}, opaque=o))
+    assert s.c.state.vbuckets[0].seqno == 9
+
+
+def test_stream_breaking_inside_oso_resumes_from_before_it() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o = req.frame.opaque
+    s.reply(marker(req, 1, 2), mutation(req, 1), mutation(req, 2))
+    s.reply(encode("DCP_OSO_SNAPSHOT", extras={"flags": 1}, opaque=o), mutation(req, 9), stream_end(req, 4))
+    again = s.one("DCP_STREAM_REQ")
+    assert again.extras["start_seqno"] == 2 and again.extras["snap_start_seqno"] == 2 and again.extras["vb_uuid"] == 77
+
+
+# --- flow control, noops ---------------------------------------------------------------------------
+
+
+def test_buffer_ack_counts_every_stream_message_like_the_producer() -> None:
+    s = bootstrap(cfg(buffer_size=1000, ack_ratio=0.5))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])  # responses to our own requests are not counted
+    o = req.frame.opaque
+    m = marker(req, 1, 100)
+    mut = mutation(req, 1, key="abc", value=b"v" * 100)
+    prep = encode("DCP_PREPARE", extras={"by_seqno": 2, "durability_level": 1}, key="p", cid=0, value=b"x", cas=1, opaque=o)
+    noop = encode("DCP_NOOP", opaque=10000001)
+    assert len(m) == 44 and len(mut) == 55 + 4 + 100 and len(prep) == 24 + 31 + 2 + 1
+    assert flow_control_size(FrameDecoder().feed(prep)[0]) == 57 + 2 + 1  # FACTS §7.5: prepare counts 2 more
+    assert flow_control_size(FrameDecoder().feed(noop)[0]) == 0
+    s.reply(m, mut, prep, noop)
+    assert s.c.unacked == 44 + 159 + 60
+    assert [d.name for d in s.sent()] == ["DCP_NOOP"]  # 263 < 500: no ack yet; the noop is answered
+    muts = [mutation(req, 3 + i, key="abc", value=b"v" * 100) for i in range(2)]
+    s.reply(*muts)  # 263 + 318 = 581 >= 500
+    ack = s.one("DCP_BUFFER_ACKNOWLEDGEMENT")
+    assert ack.extras["buffer_bytes"] == 581 and s.c.unacked == 0 and s.c.acked_total == 581
+    s.reply(mutation(req, 5, key="abc", value=b"v" * 100))
+    assert s.c.unacked == 159 and s.sent() == []
+
+
+def test_one_message_larger_than_the_buffer_is_acked_at_once() -> None:
+    s = bootstrap(cfg(buffer_size=100))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.reply(marker(req, 1, 1), mutation(req, 1, value=b"z" * 300))
+    assert s.one("DCP_BUFFER_ACKNOWLEDGEMENT").extras["buffer_bytes"] == 44 + 55 + 2 + 300
+
+
+def test_noop_reply_echoes_the_opaque() -> None:
+    s = bootstrap(cfg())
+    stream_req(s)
+    s.reply(encode("DCP_NOOP", opaque=10000007))
+    reply = s.one("DCP_NOOP")
+    assert reply.role == "response" and reply.frame.opaque == 10000007 and reply.frame.status == 0
+
+
+def test_silence_for_two_noop_intervals_is_a_dead_connection() -> None:
+    s = bootstrap(cfg(noop_interval=1.0))
+    stream_req(s)
+    assert s.c.tick(s.now + 1.5) == []
+    evs = s.c.tick(s.now + 2.5)
+    assert [e.kind for e in evs] == ["error"] and s.c.done
+
+
+def test_bootstrap_timeout() -> None:
+    s = Server(cfg(response_timeout=5))
+    s.one("HELLO")
+    assert s.c.tick(4) == [] and not s.c.done
+    assert s.c.tick(6)[0].kind == "error" and s.c.done
+
+
+# --- stream end ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (0, "ended"),
+        (1, "ended"),
+        (2, "again"),
+        (3, "failed"),
+        (4, "again"),
+        (5, "again"),
+        (6, "again"),
+        (7, "ended"),
+        (8, "failed"),
+        (99, "failed"),
+    ],
+)
+def test_stream_end_reasons(status: int, outcome: str) -> None:
+    s = bootstrap(cfg(vbuckets=(0, 1)))
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    req = reqs[0]
+    accept(s, req, [(77, 0)])
+    accept(s, reqs[1], [(78, 0)])
+    s.reply(marker(req, 1, 2), mutation(req, 1), mutation(req, 2))
+    s.reply(stream_end(req, status))
+    st = s.c.streams[0]
+    sent = s.sent()
+    if outcome == "again":
+        assert st.status == "requested" and [d.name for d in sent] == ["DCP_STREAM_REQ"]
+        e = sent[0].extras
+        assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (2, 2, 2, 77)
+        assert sent[0].frame.opaque != req.frame.opaque
+    else:
+        assert st.status == outcome and sent == []
+    assert s.c.state.vbuckets[0].seqno == 2
+    assert not s.c.done  # vb 1 still streams
+
+
+def test_done_when_every_stream_reached_its_end() -> None:
+    s = bootstrap(cfg(to_latest=True, vbuckets=(0, 1)), high={0: 2, 1: 0})
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    assert reqs[1].extras["end_seqno"] == 0
+    accept(s, reqs[0], [(77, 0)])
+    accept(s, reqs[1], [(78, 0)])
+    s.reply(stream_end(reqs[1], 0))
+    assert not s.c.done
+    s.reply(marker(reqs[0], 0, 2), mutation(reqs[0], 1), mutation(reqs[0], 2), stream_end(reqs[0], 0))
+    assert s.c.done and s.c.phase == Phase.DONE and s.kinds().count("done") == 1
+    assert {vb: v.seqno for vb, v in s.c.state.vbuckets.items()} == {0: 2, 1: 0}
+
+
+def test_close_streams() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.c.close_streams()
+    close = s.one("DCP_CLOSE_STREAM")
+    assert close.frame.vbucket == 0 and s.c.done
+
+
+def test_connection_lost() -> None:
+    s = bootstrap(cfg())
+    evs = s.c.connection_lost()
+    assert evs[-1].kind == "error" and s.c.done and "closed" in (s.c.failure or "")
+
+
+# --- resume state JSON -------------------------------------------------------------------------------
+
+
+def test_state_json_round_trip() -> None:
+    st = ResumeState("b", {0: VbState(1, 5, 3, 8, [(1, 0)]), 1023: VbState(2**64 - 1, 2**64 - 2, 0, 2**64 - 2, [(2**64 - 1, 7), (3, 0)])})
+    text = st.to_json()
+    back = ResumeState.from_json(text)
+    assert back == st and back.vbuckets[1023].failover_log[0] == (2**64 - 1, 7)
+    assert ResumeState.from_json(text.encode()) == st
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"version": 2, "vbuckets": {}}',
+        '{"version": 1, "vbuckets": {"x": {}}}',
+        '{"version": 1, "vbuckets": {"0": {"seqno": -1}}}',
+        '{"version": 1, "vbuckets": {"0": {"seqno": 5, "snap_start": 6, "snap_end": 9}}}',
+        '{"version": 1, "vbuckets": {"0": {"failover_log": [[1]]}}}',
+        '{"version": 1, "vbuckets": {"0": {"seqno": "3"}}}',
+    ],
+)
+def test_bad_state_json_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        ResumeState.from_json(text)
+
+
+def test_state_after_a_session_resumes_the_next_one() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.reply(marker(req, 0, 3), mutation(req, 1), mutation(req, 2), mutation(req, 3), marker(req, 4, 6), mutation(req, 4))
+    saved = ResumeState.from_json(s.c.state.to_json())
+    again = stream_req(bootstrap(cfg(resume=saved)))
+    e = again.extras
+    assert (e["start_seqno"], e["vb_uuid"], e["snap_start_seqno"], e["snap_end_seqno"]) == (3, 77, 3, 3)
+
+
+# --- malformed input ----------------------------------------------------------------------------------
+
+
+def test_malformed_frames_become_events() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o = req.frame.opaque
+    bad = [
+        encode("DCP_MUTATION", extras=b"\x00" * 5, key="k", opaque=o),  # extras too short
+        encode("DCP_SNAPSHOT_MARKER", extras=b"\x00\x09", opaque=o),
+        encode("DCP_STREAM_END", extras=b"", opaque=o),
+        encode("DCP_NOOP", overrides={"body_length": 3}) + b"abc",
+        b"\xff" * 30,
+        encode("DCP_STREAM_REQ", response=True, opaque=o, value=b"\x01\x02"),  # stale / odd
+        encode("DCP_MUTATION", extras={"by_seqno": 1}, key="k", cid=0, opaque=0xDEAD),  # no such stream
+        encode("HELLO", response=True, opaque=0x7777),
+    ]
+    for frame in bad:
+        s.reply(frame)
+    kinds = s.kinds()
+    assert kinds.count("malformed") >= 4 and "unexpected" in kinds
+    s.sent()  # whatever was answered dissects cleanly
+
+
+def test_random_bytes_never_raise() -> None:
+    rng = random.Random(1234)
+    s = bootstrap(cfg(vbuckets=(0, 1)))
+    reqs = list(s.pending)  # type: ignore[attr-defined]
+    accept(s, reqs[0], [(1, 0)])
+    good = [marker(reqs[0], 1, 5), mutation(reqs[0], 1), stream_end(reqs[0], 2), encode("DCP_NOOP", opaque=3)]
+    for _ in range(300):
+        frame = bytearray(rng.choice(good))
+        for _ in range(rng.randint(1, 4)):
+            frame[rng.randrange(len(frame))] = rng.randrange(256)
+        s.reply(bytes(frame[: rng.randint(1, len(frame))]) if rng.random() < 0.3 else bytes(frame))
+        s.c.tick(s.now)
+        for ev in FrameDecoder().feed(s.c.data_to_send()):
+            assert isinstance(ev, Frame)
+            assert not dissect(ev, s.c.context).problems
+
+
+# --- against the project's sans-IO producer (no sockets) -----------------------------------------
+
+
+def _pair(cluster, config: ConsumerConfig, limit: int = 20000) -> tuple[DcpConsumer, list[ConsumerEvent]]:
+    from dcpinspect.producer import ProducerConnection
+
+    prod = ProducerConnection(cluster)
+    cons = DcpConsumer(config)
+    dec = FrameDecoder()
+    now = 0.0
+    evs: list[ConsumerEvent] = []
+    for _ in range(limit):
+        out = cons.data_to_send()
+        for ev in dec.feed(out):
+            assert isinstance(ev, Frame) and not dissect(ev, cons.context).problems
+        if out:
+            prod.receive(out, now)
+        prod.tick(now)
+        data = prod.data_to_send()
+        if data:
+            evs += cons.receive(data, now)
+        evs += cons.tick(now)
+        if cons.done or prod.closed:
+            break
+        now += 0.01
+    return cons, evs
+
+
+def test_against_the_producer_to_latest_then_failover_and_rollback() -> None:
+    producer = pytest.importorskip("dcpinspect.producer")
+    cluster = producer.Cluster({"alice": PASSWORD}, seed=3)
+    bucket = cluster.create_bucket("travel", vbuckets=4, items=200)
+    config = cfg(vbuckets=None, to_latest=True, buffer_size=4000)
+    c, evs = _pair(cluster, config)
+    kinds = [e.kind for e in evs]
+    assert c.phase == Phase.DONE, c.failure
+    assert kinds.count("mutation") == 200 and kinds.count("buffer_ack") >= 1
+    assert not {"malformed", "unexpected", "control_rejected", "error"} & set(kinds)
+    state = c.state
+    assert {vb: st.seqno for vb, st in state.vbuckets.items()} == {i: v.high_seqno for i, v in enumerate(bucket.vbuckets)}
+    assert c.acked_total + c.unacked == c.consumed_total
+    # the vbucket fails over losing 3 items the consumer has; new writes land everywhere
+    bucket.failover(0, lose=3)
+    for i in range(10):
+        bucket.mutate(f"new-{i}", {"i": i})
+    c2, evs2 = _pair(cluster, cfg(vbuckets=None, to_latest=True, resume=state))
+    assert c2.phase == Phase.DONE, c2.failure
+    rb = [e for e in evs2 if e.kind == "rollback"]
+    assert [e.vbucket for e in rb] == [0] and rb[0].data["rollback_seqno"] <= state.vbuckets[0].seqno - 3
+    assert {vb: st.seqno for vb, st in c2.state.vbuckets.items()} == {i: v.high_seqno for i, v in enumerate(bucket.vbuckets)}
+    assert c2.state.vbuckets[0].vb_uuid == bucket.vbuckets[0].failover_log[0][0]
+    starts = {vb: st.seqno for vb, st in state.vbuckets.items()} | {0: rb[0].data["rollback_seqno"]}
+    assert [e.kind for e in evs2].count("mutation") == sum(v.high_seqno - starts[i] for i, v in enumerate(bucket.vbuckets))
+
+
+def test_against_the_producer_with_scram_and_stream_ids() -> None:
+    producer = pytest.importorskip("dcpinspect.producer")
+    cluster = producer.Cluster({"alice": PASSWORD}, seed=5)
+    cluster.create_bucket("travel", vbuckets=2, items=30)
+    c, evs = _pair(cluster, cfg(vbuckets=(0, 1), to_latest=True, stream_ids=True))
+    assert c.phase == Phase.DONE, c.failure
+    assert c.mechanism == "SCRAM-SHA512" and c.context.stream_ids
+    assert [e.kind for e in evs].count("mutation") == 30

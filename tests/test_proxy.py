@@ -1,0 +1,606 @@
+"""The tap proxy on real loopback TCP: bytes identical both ways, records equal to the written pcap, tshark agrees,
+and the unhappy paths (refused upstream, reset, half-close, client gone mid-frame, a broken tap)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tshark import TSHARK, opaque_value, tshark_frames
+
+from dcpinspect import dissect, encode
+from dcpinspect.columns import JSON_COLUMNS
+from dcpinspect.live import LiveConnection
+from dcpinspect.proxy import TapProxy, parse_endpoint
+from dcpinspect.records import CaptureStats, Record, read_records
+from dcpinspect.tables import frames_table
+
+ROOT = Path(__file__).resolve().parents[1]
+LOOP = "127.0.0.1"
+
+
+# -- traffic ------------------------------------------------------------------
+
+
+def requests(n: int, seed: int, big: int = 3000) -> bytes:
+    """``n`` SET/GET/DELETE requests with values of random size (up to ``big`` bytes)."""
+    rnd = random.Random(seed)
+    out = bytearray()
+    for i in range(n):
+        op = rnd.choice(("SET", "GET", "DELETE"))
+        key = f"key-{seed}-{i}"
+        if op == "SET":
+            out += encode(
+                "SET", key=key, extras={"flags": i, "expiration": 0}, value=rnd.randbytes(rnd.randrange(big)), opaque=i, vbucket=i % 1024
+            )
+        else:
+            out += encode(op, key=key, opaque=i, vbucket=i % 1024)
+    return bytes(out)
+
+
+def responses(n: int, seed: int, big: int = 3000) -> bytes:
+    """``n`` GET/SET responses (the server side of a session)."""
+    rnd = random.Random(seed + 1)
+    out = bytearray()
+    for i in range(n):
+        if rnd.random() < 0.5:
+            out += encode("GET", response=True, extras={"flags": i}, value=rnd.randbytes(rnd.randrange(big)), opaque=i, cas=i + 1)
+        else:
+            out += encode("SET", response=True, opaque=i, cas=i + 1, status=rnd.choice((0, 1, 2)))
+    return bytes(out)
+
+
+def bulk(total: int, value: int = 60_000) -> bytes:
+    """About ``total`` bytes of SET requests with ``value``-byte values."""
+    frame = encode("SET", key="bulk", extras={"flags": 0, "expiration": 0}, value=b"\xa5" * value, opaque=7)
+    return frame * max(1, total // len(frame))
+
+
+async def send_chunks(writer: asyncio.StreamWriter, data: bytes, seed: int) -> None:
+    """Write ``data`` in random chunk sizes (frames cut anywhere), draining as we go."""
+    rnd = random.Random(seed)
+    pos = 0
+    while pos < len(data):
+        n = rnd.choice((1, 7, 24, 100, 1500, 65536, 300_000))
+        writer.write(data[pos : pos + n])
+        pos += n
+        await writer.drain()
+
+
+async def read_all(reader: asyncio.StreamReader) -> tuple[str, int]:
+    """sha256 and length of everything until EOF."""
+    h = hashlib.sha256()
+    n = 0
+    while data := await reader.read(1 << 20):
+        h.update(data)
+        n += len(data)
+    return h.hexdigest(), n
+
+
+def sha(data: bytes) -> tuple[str, int]:
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+class Upstream:
+    """A scripted server on 127.0.0.1: per connection, hashes what it gets and sends what ``script`` says."""
+
+    def __init__(self, handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> None:
+        self.handler = handler
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def _run(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            await self.handler(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+            self.tasks.discard(task)
+
+    async def __aenter__(self) -> tuple[str, int]:
+        self.server = await asyncio.start_server(self._run, LOOP, 0)
+        return LOOP, self.server.sockets[0].getsockname()[1]
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+def run(coro: Awaitable[Any], timeout: float = 60) -> Any:
+    async def main() -> Any:
+        result = await asyncio.wait_for(coro, timeout)
+        await asyncio.sleep(0)
+        leaked = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert leaked == [], f"tasks left running: {leaked}"
+        return result
+
+    return asyncio.run(main())
+
+
+def live_vs_file(live: list[Record], pcap: Path) -> list[Record]:
+    """The records read back from ``pcap`` equal the live ones (numbers, packets, times, events, contexts)."""
+    st = CaptureStats()
+    back = list(read_records([str(pcap)], stats=st))
+    assert st.files[str(pcap)]["error"] is None and st.files[str(pcap)]["problems"] == []
+    assert len(back) == len(live)
+    assert back == live
+    return back
+
+
+def assert_clean(recs: list[Record]) -> None:
+    """Every record is a frame decoded without a problem, and the frames table agrees."""
+    assert recs
+    bad = [(r.number, r.event.type) for r in recs if r.event.type != "frame"]
+    assert bad == []
+    assert [(r.number, dissect(r.event, r.context).problems) for r in recs if dissect(r.event, r.context).problems] == []  # type: ignore[arg-type]
+    assert all(p == [] for p in frames_table(recs).column("problems").to_pylist())
+
+
+def tshark_agrees(pcap: Path, recs: list[Record], port: int) -> None:
+    """tshark finds the same PDUs in the written capture, frame by frame."""
+    pdus = tshark_frames(pcap, ports=[port])
+    mine = sorted((r for r in recs if r.event.type == "frame"), key=lambda r: (r.packet, r.event.offset))
+    assert len(pdus) == len(mine)
+    for p, r in zip(pdus, mine, strict=True):
+        fr: Any = r.event
+        assert int(str(p["frame.number"])) == r.packet
+        assert int(str(p["couchbase.magic"]), 16) == fr.magic
+        assert int(str(p["couchbase.opcode"]), 16) == fr.opcode
+        assert opaque_value(str(p["couchbase.opaque"])) == fr.opaque
+        assert int(str(p["couchbase.total_bodylength"])) == fr.body_length
+        if fr.is_response:
+            assert int(str(p["couchbase.status"]), 16) == fr.status
+        d = dissect(fr, r.context)
+        if d.key and d.key_text.isprintable():
+            assert p["couchbase.key"] == d.key_text
+
+
+# -- byte exactness -----------------------------------------------------------
+
+
+def test_bytes_identical_both_ways_concurrent_and_records_equal_the_pcap(tmp_path: Path) -> None:
+    """Several concurrent connections (one of 20 MB), both directions at once, chunked anywhere."""
+    pcap = tmp_path / "tap.pcap"
+    received: dict[int, tuple[str, int]] = {}
+    plans = {i: (requests(300, seed=i), responses(300, seed=i)) for i in range(6)}
+    plans[6] = (bulk(20_000_000), responses(50, seed=6))
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        hello = await r.readexactly(24)  # the first request's header says which plan
+        idx = struct.unpack_from(">I", hello, 12)[0] >> 24
+        rest = asyncio.create_task(read_all(r))
+        await send_chunks(w, plans[idx][1], seed=idx)
+        w.write_eof()
+        received[idx] = await rest  # everything after the first header
+
+    async def client(port: int, idx: int) -> tuple[str, int]:
+        r, w = await asyncio.open_connection(LOOP, port)
+        first = bytearray(plans[idx][0])
+        first[12:16] = struct.pack(">I", idx << 24)  # the opaque of the first request names the plan
+        plans[idx] = (bytes(first), plans[idx][1])
+        reading = asyncio.create_task(read_all(r))
+        await send_chunks(w, plans[idx][0], seed=100 + idx)
+        w.write_eof()  # half-close: the answers keep coming
+        got = await reading
+        w.close()
+        await w.wait_closed()
+        return got
+
+    live: list[Record] = []
+    upstream = Upstream(server)
+
+    def up_tasks() -> int:
+        return len(upstream.tasks)
+
+    async def main() -> TapProxy:
+        async with upstream as up:
+            proxy = await TapProxy(upstream=up, pcap=pcap, on_record=live.append).start()
+            results = await asyncio.gather(*(client(proxy.port, i) for i in plans))
+            while len(received) < len(plans) or up_tasks():  # the server reads on after its own EOF
+                await asyncio.sleep(0.01)
+            await proxy.stop()
+        for i, got in enumerate(results):
+            assert got == sha(plans[i][1]), f"s2c bytes of connection {i} differ"
+            assert received[i] == sha(plans[i][0][24:]), f"c2s bytes of connection {i} differ"
+        return proxy
+
+    proxy = run(main())
+    assert proxy.connections == len(plans) and proxy.decode_errors == 0
+    assert proxy.bytes == {"c2s": sum(len(p[0]) for p in plans.values()), "s2c": sum(len(p[1]) for p in plans.values())}
+    back = live_vs_file(live, pcap)
+    assert_clean(back)
+    assert proxy.records == len(live)
+    # each connection decodes to exactly what was sent
+    by_conn: dict[tuple[int, str], bytes] = {}
+    for r in back:
+        by_conn[r.conn, r.direction] = by_conn.get((r.conn, r.direction), b"") + r.event.raw  # type: ignore[union-attr]
+    sent = {p[0] for p in plans.values()} | {p[1] for p in plans.values()}
+    assert set(by_conn.values()) == sent
+
+
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+def test_tshark_agrees_with_the_written_capture(tmp_path: Path) -> None:
+    pcap = tmp_path / "tap.pcap"
+    c2s, s2c = requests(150, seed=1, big=200_000), responses(150, seed=1, big=100_000)
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        got = await r.readexactly(len(c2s))
+        assert got == c2s
+        await send_chunks(w, s2c, seed=3)
+
+    live: list[Record] = []
+
+    async def main() -> int:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, pcap=pcap, on_record=live.append).start()
+            r, w = await asyncio.open_connection(LOOP, proxy.port)
+            await send_chunks(w, c2s, seed=2)
+            assert await r.readexactly(len(s2c)) == s2c
+            w.close()
+            await w.wait_closed()
+            await proxy.stop()
+            return up[1]
+
+    port = run(main())
+    back = live_vs_file(live, pcap)
+    assert_clean(back)
+    assert len(back) == 300
+    tshark_agrees(pcap, back, port)
+
+
+# -- unhappy paths ------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOP, 0))
+        return int(s.getsockname()[1])
+
+
+def test_refused_upstream_closes_the_client_with_a_clear_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    port = _free_port()  # nothing listens there
+
+    async def main() -> TapProxy:
+        proxy = await TapProxy(upstream=(LOOP, port)).start()
+        r, w = await asyncio.open_connection(LOOP, proxy.port)
+        w.write(encode("GET", key="k"))
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(r.read(), 5) == b""
+        w.close()
+        await proxy.stop()
+        return proxy
+
+    with caplog.at_level(logging.WARNING, logger="dcpinspect.proxy"):
+        proxy = run(main())
+    assert proxy.refused == 1
+    assert any(f"upstream {LOOP}:{port} unreachable" in m and "client connection closed" in m for m in caplog.messages), caplog.messages
+
+
+def _rst(w: asyncio.StreamWriter) -> None:
+    w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    w.transport.abort()
+
+
+def test_upstream_reset_is_passed_on_and_recorded(tmp_path: Path) -> None:
+    pcap = tmp_path / "rst.pcap"
+    reply = encode("GET", response=True, value=b"v" * 100, opaque=1)
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readexactly(len(encode("GET", key="k", opaque=1)))
+        w.write(reply)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        _rst(w)
+
+    live: list[Record] = []
+
+    async def main() -> type[BaseException] | None:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, pcap=pcap, on_record=live.append).start()
+            r, w = await asyncio.open_connection(LOOP, proxy.port)
+            w.write(encode("GET", key="k", opaque=1))
+            assert await r.readexactly(len(reply)) == reply
+            err: type[BaseException] | None = None
+            try:
+                rest = await asyncio.wait_for(r.read(), 5)
+                assert rest == b""
+            except ConnectionResetError as exc:
+                err = type(exc)
+            w.close()
+            await proxy.stop()
+            assert not proxy._tasks
+            return err
+
+    err = run(main())
+    assert err is ConnectionResetError  # the client sees the reset, not a clean EOF
+    back = live_vs_file(live, pcap)
+    assert [r.event.name for r in back if r.event.type == "frame"] == ["GET", "GET"]  # type: ignore[union-attr]
+
+
+def test_client_reset_is_passed_on() -> None:
+    seen: list[str] = []
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            data = await r.read()
+            seen.append(f"eof after {len(data)}")
+        except ConnectionResetError:
+            seen.append("reset")
+
+    async def main() -> None:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up).start()
+            _, w = await asyncio.open_connection(LOOP, proxy.port)
+            w.write(encode("GET", key="k"))
+            await w.drain()
+            await asyncio.sleep(0.05)
+            _rst(w)
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.02)
+            await proxy.stop()
+
+    run(main())
+    assert seen == ["reset"]
+
+
+def test_half_close_keeps_the_other_direction_running() -> None:
+    """The server answers only after the client's EOF (a sink that replies with its digest)."""
+    data = requests(500, seed=9)
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        digest, n = await read_all(r)  # until the client's FIN, passed on by the proxy
+        for _ in range(200):
+            w.write(encode("STAT", response=True, key="sha256", value=digest.encode(), opaque=n))
+            await w.drain()
+
+    async def main() -> tuple[list[Any], TapProxy]:
+        out: list[Any] = []
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, on_record=out.append).start()
+            r, w = await asyncio.open_connection(LOOP, proxy.port)
+            await send_chunks(w, data, seed=1)
+            w.write_eof()
+            answer = await asyncio.wait_for(r.read(), 10)
+            w.close()
+            await proxy.stop()
+        return [answer, out], proxy
+
+    (answer, recs), _ = run(main())
+    one = encode("STAT", response=True, key="sha256", value=hashlib.sha256(data).hexdigest().encode(), opaque=len(data))
+    assert answer == one * 200
+    assert sum(1 for r in recs if r.direction == "s2c") == 200
+
+
+def test_client_gone_mid_frame(tmp_path: Path) -> None:
+    pcap = tmp_path / "cut.pcap"
+    frame = encode("SET", key="k", extras={"flags": 0, "expiration": 0}, value=b"x" * 1000, opaque=5)
+    sent = frame + frame[:500]
+    got: list[bytes] = []
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        got.append(await r.read())
+
+    live: list[Record] = []
+
+    async def main() -> None:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, pcap=pcap, on_record=live.append).start()
+            _, w = await asyncio.open_connection(LOOP, proxy.port)
+            w.write(sent)
+            await w.drain()
+            w.close()
+            await w.wait_closed()
+            for _ in range(200):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            await proxy.stop()
+
+    run(main())
+    assert got == [sent]
+    back = live_vs_file(live, pcap)
+    assert [(r.direction, r.event.type, r.event.length) for r in back] == [("c2s", "frame", len(frame)), ("c2s", "truncated", 500)]
+
+
+def test_a_broken_tap_never_touches_forwarding(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    data = requests(200, seed=4)
+
+    def boom(self: LiveConnection, direction: str, data: bytes, ts: int | None = None) -> None:
+        raise ValueError("decoder exploded")
+
+    monkeypatch.setattr(LiveConnection, "data", boom)
+
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while chunk := await r.read(65536):
+            w.write(chunk)
+            await w.drain()
+
+    def bad_consumer(rec: Record) -> None:
+        raise RuntimeError("consumer bug")
+
+    async def main() -> TapProxy:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, on_record=bad_consumer).start()
+            r, w = await asyncio.open_connection(LOOP, proxy.port)
+            reading = asyncio.create_task(read_all(r))
+            await send_chunks(w, data, seed=5)
+            w.write_eof()
+            assert await reading == sha(data)
+            w.close()
+            await proxy.stop()
+        return proxy
+
+    with caplog.at_level(logging.ERROR, logger="dcpinspect.proxy"):
+        proxy = run(main())
+    assert proxy.decode_errors == 1  # logged once, then the tap of that connection is off
+    assert any("decoder exploded" in m and "forwarding goes on" in m for m in caplog.messages)
+
+
+def test_stop_with_open_connections_leaks_nothing(tmp_path: Path) -> None:
+    async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.read()
+
+    async def main() -> None:
+        async with Upstream(server) as up:
+            proxy = await TapProxy(upstream=up, pcap=tmp_path / "x.pcap").start()
+            conns = [await asyncio.open_connection(LOOP, proxy.port) for _ in range(5)]
+            for _, w in conns:
+                w.write(encode("NOOP"))
+                await w.drain()
+            await asyncio.sleep(0.05)
+            await proxy.stop()  # connections still open: cancelled, capture flushed
+            for r, w in conns:
+                with contextlib.suppress(ConnectionError):
+                    await asyncio.wait_for(r.read(), 5)
+                w.close()
+
+    run(main())  # asserts no task is left
+    recs = list(read_records([str(tmp_path / "x.pcap")]))
+    assert [r.event.name for r in recs] == ["NOOP"] * 5  # type: ignore[union-attr]
+
+
+def test_background_thread_from_sync_code() -> None:
+    """Synchronous code (blocking sockets) uses the proxy through its own loop thread."""
+    stop = threading.Event()
+    srv = socket.create_server((LOOP, 0))
+
+    def echo() -> None:
+        srv.settimeout(5)
+        conn, _ = srv.accept()
+        with conn:
+            while chunk := conn.recv(65536):
+                conn.sendall(chunk)
+        stop.set()
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    recs: list[Record] = []
+    data = requests(100, seed=8)
+    with (
+        TapProxy(upstream=srv.getsockname(), on_record=recs.append).background() as proxy,
+        socket.create_connection((LOOP, proxy.port)) as c,
+    ):
+        c.sendall(data)
+        c.shutdown(socket.SHUT_WR)
+        got = bytearray()
+        while chunk := c.recv(65536):
+            got += chunk
+    t.join(5)
+    srv.close()
+    assert bytes(got) == data
+    assert sum(1 for r in recs if r.event.type == "frame") == 200
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_endpoint("[::1]:11210") == ("::1", 11210)
+    for bad in ("11210", "host:", "h:70000", ":1"):
+        with pytest.raises(ValueError):
+            parse_endpoint(bad)
+
+
+# -- command line -------------------------------------------------------------
+
+
+def _echo_server() -> tuple[socket.socket, threading.Thread]:
+    srv = socket.create_server((LOOP, 0))
+
+    def serve() -> None:
+        srv.settimeout(20)
+        with contextlib.suppress(OSError):
+            conn, _ = srv.accept()
+            with conn:
+                while chunk := conn.recv(65536):
+                    conn.sendall(chunk)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, t
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_cli_prints_its_address_first_and_flushes_on_sigterm(tmp_path: Path, as_json: bool) -> None:
+    pcap = tmp_path / "cli.pcap"
+    srv, _ = _echo_server()
+    up = srv.getsockname()
+    cmd = [sys.executable, "-m", "dcpinspect", "proxy", "--listen", "127.0.0.1:0", "--upstream", f"{up[0]}:{up[1]}", "--pcap", str(pcap)]
+    if as_json:
+        cmd.append("--json")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("listening on 127.0.0.1:")
+        port = int(first.rsplit(":", 1)[1])
+        assert port != 0
+        frames = encode("SET", key="a", extras={"flags": 0, "expiration": 0}, value=b"1", opaque=1) + encode("GET", key="a", opaque=2)
+        with socket.create_connection((LOOP, port)) as c:
+            c.sendall(frames)
+            c.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := c.recv(65536):
+                got += chunk
+        assert got == frames
+        lines = [proc.stdout.readline() for _ in range(4)]  # 2 frames each way (the echo)
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.close()
+    assert proc.returncode == 0, err
+    assert rest == ""
+    if as_json:
+        rows = [json.loads(line) for line in lines]
+        assert all(tuple(row) == JSON_COLUMNS for row in rows)
+        assert [(row["dir"], row["name"], row["key"], row["problems"]) for row in rows] == [
+            ("c2s", "SET", "a", []),
+            ("c2s", "GET", "a", []),
+            ("s2c", "SET", "a", []),
+            ("s2c", "GET", "a", []),
+        ]
+    else:
+        assert "c2s SET request vb=0 opaque=0x00000001 key='a'" in lines[0]
+    recs = list(read_records([str(pcap)]))
+    assert [r.event.name for r in recs] == ["SET", "GET", "SET", "GET"]  # type: ignore[union-attr]
+    assert "stopped: 1 connections" in err
+
+
+def test_cli_bad_address_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpinspect", "proxy", "--listen", "nonsense", "--upstream", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2 and "not HOST:PORT" in proc.stderr
