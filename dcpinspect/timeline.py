@@ -282,7 +282,7 @@ class _Conn:
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer
     stall_ts: int = 0
-    last: dict[str, tuple[int, int]] = field(default_factory=dict)  # direction -> (frame, ts) of its latest record
+    last: dict[str, Record] = field(default_factory=dict)  # direction -> its latest record
     noops: dict[int, tuple[int, int]] = field(default_factory=dict)  # opaque -> (frame, ts)
     lost: bool = False
 
@@ -310,7 +310,7 @@ class TimelineBuilder:
         c = self._conns.get(rec.conn)
         if c is None:
             c = self._conn(rec)
-        c.last[rec.direction] = (rec.number, rec.ts)
+        c.last[rec.direction] = rec
         ev = rec.event
         if ev.__class__ is not Frame:
             if ev.type == "gap":
@@ -566,7 +566,7 @@ class TimelineBuilder:
 
     def _item(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, s: Stream) -> None:
         n = rec.number
-        layout = _ITEM_LAYOUTS.get((op, h[3]))
+        layout = _ITEM_LAYOUTS.get(op << 8 | h[3])
         seqno: int | None
         if layout is not None:  # the table's struct for this layout, read in place (the common case)
             seqno = layout[0].unpack_from(fr[1], 24 + (h[2] >> 8 if h[0] == 0x08 else 0))[layout[1]]
@@ -796,7 +796,8 @@ class TimelineBuilder:
         if final:
             for c in self._conns.values():
                 for (d, opaque), (op, _req, frame) in c.pending.items():
-                    if op == 0x5C or c.last.get("c2s" if d == "s2c" else "s2c", (0, 0))[0] < frame:
+                    peer = c.last.get("c2s" if d == "s2c" else "s2c")
+                    if op == 0x5C or peer is None or peer.number < frame:
                         continue  # the peer sent nothing after it: still in flight when the capture ended
                     anomalies.append(
                         Anomaly(
@@ -808,7 +809,7 @@ class TimelineBuilder:
                         )
                     )
                 for opaque, (frame, ts) in c.noops.items():
-                    newest = max(v[1] for v in c.last.values())
+                    newest = max(v.ts for v in c.last.values())
                     if not c.info.noop_interval or newest - ts <= 2 * c.info.noop_interval * 1e9:
                         continue  # interval unknown, or the capture ended within 2 x the interval (FACTS §7.6)
                     anomalies.append(
@@ -850,15 +851,15 @@ class TimelineBuilder:
         )
 
 
-def _item_layouts() -> dict[tuple[int, int], tuple[struct.Struct, int]]:
-    """(opcode, extras length) -> (the table's extras struct, index of the seqno) for the item messages."""
-    out: dict[tuple[int, int], tuple[struct.Struct, int]] = {}
+def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
+    """opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
+    out: dict[int, tuple[struct.Struct, int]] = {}
     for op, name in _SEQNO_FIELD.items():
         for v in spec.COMMANDS[op].request:
             if v.extras_struct is None or name not in v.extras_names:
                 continue
             entry = (v.extras_struct, v.extras_names.index(name))
-            key = (op, v.extras_len)
+            key = op << 8 | v.extras_len
             if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
                 out[key] = (v.extras_struct, -1)
             else:
