@@ -93,8 +93,8 @@ def write_session(path: Path, frames: int) -> None:
                     )
                 if seqno % 200 == 0:
                     ts = conv.send("s2c", bytes(out), ts)
+                    ts = conv.send("c2s", encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": len(out)}), ts)
                     out.clear()
-                    ts = conv.send("c2s", encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": 200 * VBS * 60}), ts)
             for vb in range(VBS):
                 out += encode("DCP_STREAM_END", extras={"status": 0}, vbucket=vb, opaque=0x100 + vb)
             ts = conv.send("s2c", bytes(out), ts)
