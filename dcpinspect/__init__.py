@@ -41,3 +41,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``explore`` and ``stepper`` (the notebook widgets) are imported on first use: the core stays light."""
+    if name in ("explore", "stepper"):
+        from . import widgets
+
+        return getattr(widgets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

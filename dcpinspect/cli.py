@@ -397,7 +397,7 @@ def _capture_args(p: argparse.ArgumentParser) -> None:
 
 
 #: live commands -> the module whose ``command(argv, out=...)`` runs them
-LIVE_COMMANDS = {"sim": "sim", "client": "client", "proxy": "proxy", "sniff": "sniff"}
+LIVE_COMMANDS = {"sim": "sim", "client": "client", "proxy": "proxy", "sniff": "sniff", "analyze": "spark"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -89,7 +89,8 @@ JSON_COLUMNS = (
     "problems",
 )
 
-_SEQNO_FIELD = {
+#: opcode -> the extras field holding the seqno the ``seqno`` column shows
+SEQNO_FIELD = {
     0x57: "by_seqno",
     0x58: "by_seqno",
     0x59: "by_seqno",
@@ -138,7 +139,7 @@ def dcp_values(opcode: int, response: bool, ext: Mapping[str, Any], body: Mappin
     does not apply is absent.  ``opcode`` is -1 for the UPR draft.
     """
     out: dict[str, Any] = {}
-    seq = _SEQNO_FIELD.get(opcode)
+    seq = SEQNO_FIELD.get(opcode)
     if seq is not None and seq in ext:
         out["seqno"] = ext[seq]
     if "rev_seqno" in ext:

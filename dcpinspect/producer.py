@@ -66,6 +66,8 @@ MAX_FAILOVER_ENTRIES = 25
 NOOP_OPAQUE_BASE = 10000001
 #: §7.6 connection_manager_interval: the smallest noop interval the server accepts
 CONNECTION_MANAGER_INTERVAL = 0.1
+#: entries kept in Cluster.journal by default
+JOURNAL_MAX = 200_000
 #: §7.6 dcp_idle_timeout default (seconds without anything received -> disconnect, when noops are on)
 DCP_IDLE_TIMEOUT = 360.0
 
@@ -301,6 +303,7 @@ class Bucket:
         self.vbuckets = [VBucket(i) for i in range(vbuckets)]
         for vb in self.vbuckets:
             vb.add_failover_entry(cluster.new_uuid(), 0)
+            cluster.note("vbucket_created", bucket=name, vb=vb.id, uuid=vb.uuid, seqno=0)
         self._values: dict[tuple[int, bytes], int] = {}  # rev seqno per document
 
     def __repr__(self) -> str:
@@ -396,6 +399,7 @@ class Bucket:
         m.uid += 1
         m.scopes[sid] = name
         self._system_event(lambda: Record(0, "system", name.encode(), 0, event=3, scope_id=sid, manifest_uid=m.uid))
+        self.cluster.note("scope_created", bucket=self.name, name=name, scope_id=sid, manifest_uid=m.uid, seqnos=self._seqnos())
         return sid
 
     def create_collection(self, name: str, *, scope: str = "_default", max_ttl: int | None = None) -> int:
@@ -407,6 +411,9 @@ class Bucket:
         m.uid += 1
         m.collections[cid] = (name, sid, max_ttl)
         self._system_event(lambda: Record(0, "system", name.encode(), cid, event=0, scope_id=sid, manifest_uid=m.uid, max_ttl=max_ttl))
+        self.cluster.note(
+            "collection_created", bucket=self.name, name=name, cid=cid, scope_id=sid, manifest_uid=m.uid, seqnos=self._seqnos()
+        )
         return cid
 
     def drop_collection(self, name: str | int) -> int:
@@ -416,7 +423,14 @@ class Bucket:
         _cname, sid, _ttl = m.collections.pop(cid)
         m.uid += 1
         self._system_event(lambda: Record(0, "system", b"", cid, event=1, scope_id=sid, manifest_uid=m.uid))
+        self.cluster.note(
+            "collection_dropped", bucket=self.name, name=_cname, cid=cid, scope_id=sid, manifest_uid=m.uid, seqnos=self._seqnos()
+        )
         return cid
+
+    def _seqnos(self) -> dict[int, int]:
+        """The high seqno of each active vbucket (what a collection change just wrote)."""
+        return {vb.id: vb.high_seqno for vb in self.vbuckets if vb.state == VB_ACTIVE}
 
     # --- scenario controls ---------------------------------------------------------
     def failover(self, vbucket: int, *, lose: int = 0) -> int:
@@ -431,9 +445,12 @@ class Bucket:
             vb.high_seqno = max(vb.high_seqno - lose, 0)
             vb.log = [r for r in vb.log if r.seqno <= vb.high_seqno]
         uuid = self.cluster.new_uuid()
+        before = list(vb.failover_log)
         vb.add_failover_entry(uuid, vb.high_seqno)
         vb.state = VB_ACTIVE
         vb.generation += 1
+        removed = [[u, s] for u, s in before if (u, s) not in vb.failover_log]
+        self.cluster.note("failover", bucket=self.name, vb=vbucket, uuid=uuid, seqno=vb.high_seqno, lost=lose, removed=removed)
         return uuid
 
     def purge(self, vbucket: int, upto: int | None = None) -> int:
@@ -442,6 +459,7 @@ class Bucket:
         upto = vb.high_seqno if upto is None else min(upto, vb.high_seqno)
         vb.log = [r for r in vb.log if not (r.seqno <= upto and (r.is_tombstone or r.kind == "prepare"))]
         vb.purge_seqno = max(vb.purge_seqno, upto)
+        self.cluster.note("purge", bucket=self.name, vb=vbucket, purge_seqno=vb.purge_seqno, high_seqno=vb.high_seqno)
         return vb.purge_seqno
 
     def set_state(self, vbucket: int, state: int | str) -> None:
@@ -449,6 +467,7 @@ class Bucket:
         vb = self.vbuckets[vbucket]
         vb.state = VB_STATE_NAMES[state] if isinstance(state, str) else state
         vb.generation += 1
+        self.cluster.note("set_state", bucket=self.name, vb=vbucket, state=vb.state)
 
 
 def _value(value: Any) -> tuple[bytes, int]:
@@ -470,6 +489,19 @@ class Cluster:
             (``None``: never).
         checkpoint_items: seqnos per memory snapshot.
         max_batch: bytes one :meth:`ProducerConnection.pump` queues before yielding.
+        journal_max: entries kept in :attr:`journal` (the oldest are dropped beyond it).
+
+    :attr:`journal` is the simulator's own record of what it did (the ground truth a
+    timeline built from a capture can be checked against): one dict per event, with
+    ``event`` one of ``vbucket_created``, ``failover``, ``purge``, ``set_state``,
+    ``scope_created``, ``collection_created``, ``collection_dropped`` (bucket-level),
+    ``stream_request`` (``decision`` ``success`` / ``rollback`` / ``error`` with the
+    ``rollback_seqno`` or ``status``), ``marker``, ``oso``, ``item`` (``opcode`` name and
+    ``seqno``: documents, system events, sync writes, seqno-advanced),
+    ``set_vbucket_state``, ``stream_end`` (wire ``status``), ``close_stream``,
+    ``seqno_ack``, ``buffer_ack`` and ``flow_blocked`` (connection-level).  Stream entries carry the
+    connection (``conn``: a serial number, ``name``: the DCP_OPEN name), ``vb`` and
+    ``sid``, and are noted when the frame is sent, not when it is queued.
     """
 
     def __init__(
@@ -481,7 +513,10 @@ class Cluster:
         slow_after: float | None = None,
         checkpoint_items: int = 50,
         max_batch: int = 1 << 20,
+        journal_max: int = JOURNAL_MAX,
     ) -> None:
+        self.journal: deque[dict[str, Any]] = deque(maxlen=journal_max)
+        self._serial = 0
         self.users = dict(users if users is not None else {"Administrator": "password"})
         self.buckets: dict[str, Bucket] = {}
         self.idle_timeout = idle_timeout
@@ -494,6 +529,10 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster(buckets={sorted(self.buckets)}, connections={len(self.connections)})"
+
+    def note(self, event: str, **fields: Any) -> None:
+        """Add an entry to :attr:`journal`."""
+        self.journal.append({"event": event, **fields})
 
     def new_uuid(self) -> int:
         """A fresh vbucket UUID (never 0, §7.3)."""
@@ -538,7 +577,8 @@ class Stream:
     backfill_end: int
     last_queued: int = 0
     first_marker: bool = True
-    queue: deque[tuple[bytes, int, str]] = field(default_factory=deque)
+    #: (frame, flow-control size, kind, journal entry noted when it is sent)
+    queue: deque[tuple[bytes, int, str, tuple[str, dict[str, Any]] | None]] = field(default_factory=deque)
     ended: bool = False
     end_status: int | None = None
     takeover: str = ""  # "", "pending" (waiting for ack 1), "active" (waiting for ack 2)
@@ -620,6 +660,8 @@ class ProducerConnection:
         # scenario controls
         self.paused_until = 0.0
         self.sent_frames = 0
+        cluster._serial += 1
+        self.serial = cluster._serial
         cluster.connections.append(self)
 
     def __repr__(self) -> str:
@@ -734,6 +776,7 @@ class ProducerConnection:
                     st.queue.clear()
                     frame, size = self._stream_end_frame(st, END_SLOW)
                     self._send(frame, now)
+                    self._journal(st, ("stream_end", {"status": self._end_wire(END_SLOW), "reason": END_SLOW, "past_window": True}))
                     self.bytes_outstanding += size
                     self._finish(st)
             self._blocked_since = None
@@ -1065,8 +1108,24 @@ class ProducerConnection:
         start, end, uuid = int(x["start_seqno"]), int(x["end_seqno"]), int(x["vb_uuid"])
         ss, se = int(x["snap_start_seqno"]), int(x["snap_end_seqno"])
         value = d.frame.value
+        parsed_value = _json(value) if value else None
+        request: dict[str, Any] = {
+            "conn": self.serial,
+            "name": self.dcp_name,
+            "vb": d.frame.vbucket or 0,
+            "sid": parsed_value.get("sid") if isinstance(parsed_value, dict) else None,
+            "opaque": d.frame.opaque,
+            "flags": flags,
+            "start": start,
+            "end": end,
+            "uuid": uuid,
+            "snap_start": ss,
+            "snap_end": se,
+            "value": parsed_value,
+        }
 
         def err(status: int) -> None:
+            self.cluster.note("stream_request", **request, decision="error", status=status)
             self._reply(d, status, now=now)
 
         # validator rules first (mcbp_validators): flags, value only with collections
@@ -1151,6 +1210,9 @@ class ProducerConnection:
             filtered_max_seqno=vb.collection_high_seqno(cids) if filtered and cids is not None else None,
         )
         if decision.rollback:
+            self.cluster.note(
+                "stream_request", **request, decision="rollback", status=ROLLBACK, rollback_seqno=decision.seqno, reason=decision.reason
+            )
             self._reply(d, ROLLBACK, value={"rollback_seqno": decision.seqno}, now=now)
             return
         high = vb.high_seqno
@@ -1175,6 +1237,15 @@ class ProducerConnection:
             last_sent_seqno=start,
         )
         self.streams[st.key] = st
+        self.cluster.note(
+            "stream_request",
+            **request,
+            decision="success",
+            status=OK,
+            stream_end=end,
+            high_seqno=high,
+            failover_log=[[u, s] for u, s in vb.failover_log],
+        )
         self._reply(d, value=list(vb.failover_log), now=now)
 
     def _close_stream(self, d: Dissection, now: float) -> None:
@@ -1186,13 +1257,15 @@ class ProducerConnection:
             return
         st = self.streams.get((d.frame.vbucket or 0, sid))
         if st is None or st.ended:
+            self.cluster.note("close_stream", conn=self.serial, name=self.dcp_name, vb=d.frame.vbucket or 0, sid=sid, status=ENOENT)
             self._reply(d, ENOENT, now=now)
             return
+        self.cluster.note("close_stream", conn=self.serial, name=self.dcp_name, vb=st.vb, sid=sid, status=OK)
         self._reply(d, now=now)
         st.queue.clear()
         if self.controls.get("send_stream_end_on_client_close_stream") == "true":
             frame, size = self._stream_end_frame(st, END_CLOSED)
-            st.queue.append((frame, size, "end"))
+            st.queue.append((frame, size, "end", ("stream_end", {"status": self._end_wire(END_CLOSED), "reason": END_CLOSED})))
             st.end_status = END_CLOSED
         else:
             self._finish(st)
@@ -1201,11 +1274,16 @@ class ProducerConnection:
         if not self._dcp_conn(d, now):
             return
         # no response on success (§6.13)
-        self.bytes_outstanding = max(0, self.bytes_outstanding - int(d.extras.get("buffer_bytes", 0)))
+        acked = int(d.extras.get("buffer_bytes", 0))
+        self.bytes_outstanding = max(0, self.bytes_outstanding - acked)
+        self.cluster.note("buffer_ack", conn=self.serial, name=self.dcp_name, bytes=acked, outstanding=self.bytes_outstanding)
 
     def _seqno_ack(self, d: Dissection, now: float) -> None:
         if not self._dcp_conn(d, now):
             return
+        self.cluster.note(
+            "seqno_ack", conn=self.serial, name=self.dcp_name, vb=d.frame.vbucket or 0, prepared_seqno=d.extras.get("prepared_seqno")
+        )
         if not self.sync_replication:
             self._reply(d, EINVAL, now=now)  # errors only (§6.17)
         elif self.bucket is not None and (d.frame.vbucket or 0) >= len(self.bucket.vbuckets):
@@ -1246,9 +1324,18 @@ class ProducerConnection:
                 if self._window_full():
                     if self._blocked_since is None:
                         self._blocked_since = now
+                        self.cluster.note(
+                            "flow_blocked",
+                            conn=self.serial,
+                            name=self.dcp_name,
+                            outstanding=self.bytes_outstanding,
+                            buffer=self.buffer_size,
+                        )
                     return
-                frame, size, what = st.queue.popleft()
+                frame, size, what, note = st.queue.popleft()
                 self._send(frame, now)
+                if note is not None:
+                    self._journal(st, note)
                 self.bytes_outstanding += size if self.buffer_size > 0 else 0
                 budget -= len(frame)
                 progressed = True
@@ -1263,37 +1350,53 @@ class ProducerConnection:
         st.ended = True
         self.streams.pop(st.key, None)
 
-    def _stream_end_frame(self, st: Stream, status: int) -> tuple[bytes, int]:
+    def _end_wire(self, status: int) -> int:
         wire = status
         if wire == END_ROLLBACK:
             wire = END_STATE_CHANGED  # §6.6 statusToFlags
         if not self.collections and wire in (END_FILTER_EMPTY, END_LOST_PRIVILEGES):
             wire = END_OK  # §6.6 mapEndStreamStatus
-        raw = encode("DCP_STREAM_END", extras={"status": wire}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid)
+        return wire
+
+    def _stream_end_frame(self, st: Stream, status: int) -> tuple[bytes, int]:
+        raw = encode("DCP_STREAM_END", extras={"status": self._end_wire(status)}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid)
         return raw, len(raw)
 
-    def _queue(self, st: Stream, raw: bytes, what: str, extra: int = 0) -> None:
-        st.queue.append((raw, len(raw) + extra, what))
+    def _queue_end(self, st: Stream, status: int) -> None:
+        self._queue(
+            st, self._stream_end_frame(st, status)[0], "end", note=("stream_end", {"status": self._end_wire(status), "reason": status})
+        )
+
+    def _journal(self, st: Stream, note: tuple[str, dict[str, Any]]) -> None:
+        self.cluster.note(note[0], conn=self.serial, name=self.dcp_name, vb=st.vb, sid=st.sid, **note[1])
+
+    def _queue(self, st: Stream, raw: bytes, what: str, extra: int = 0, note: tuple[str, dict[str, Any]] | None = None) -> None:
+        st.queue.append((raw, len(raw) + extra, what, note))
 
     def _fill(self, st: Stream) -> None:
         b = self.bucket
         assert b is not None
         vb = b.vbuckets[st.vb]
         if vb.generation != st.generation:
-            self._queue(st, self._stream_end_frame(st, END_STATE_CHANGED)[0], "end")
+            self._queue_end(st, END_STATE_CHANGED)
             return
         if st.takeover:
             return
         if st.filtered and st.cids is not None and not (st.cids & set(b.manifest.collections)) and st.last_queued >= vb.high_seqno:
-            self._queue(st, self._stream_end_frame(st, END_FILTER_EMPTY)[0], "end")
+            self._queue_end(st, END_FILTER_EMPTY)
             return
         if st.last_queued >= st.end:
-            self._queue(st, self._stream_end_frame(st, END_OK)[0], "end")
+            self._queue_end(st, END_OK)
             return
         target = min(vb.high_seqno, st.end)
         if target <= st.last_queued:
             if st.flags & SR_TAKEOVER:
-                self._queue(st, encode("DCP_SET_VBUCKET_STATE", extras={"state": VB_PENDING}, vbucket=st.vb, opaque=st.opaque), "state")
+                self._queue(
+                    st,
+                    encode("DCP_SET_VBUCKET_STATE", extras={"state": VB_PENDING}, vbucket=st.vb, opaque=st.opaque),
+                    "state",
+                    note=("set_vbucket_state", {"state": VB_PENDING}),
+                )
                 st.takeover = "pending"
             return
         if st.backfill_end and st.first_marker:
@@ -1311,10 +1414,15 @@ class ProducerConnection:
             vb.generation += 1
             st.generation = vb.generation  # the takeover stream itself carries on
             st.takeover = "active"
-            self._queue(st, encode("DCP_SET_VBUCKET_STATE", extras={"state": VB_ACTIVE}, vbucket=st.vb, opaque=st.opaque), "state")
+            self._queue(
+                st,
+                encode("DCP_SET_VBUCKET_STATE", extras={"state": VB_ACTIVE}, vbucket=st.vb, opaque=st.opaque),
+                "state",
+                note=("set_vbucket_state", {"state": VB_ACTIVE}),
+            )
         elif st.takeover == "active":
             st.takeover = "done"
-            self._queue(st, self._stream_end_frame(st, END_OK)[0], "end")
+            self._queue_end(st, END_OK)
         self.pump(now)
 
     def _visible(self, st: Stream, rec: Record) -> bool:
@@ -1354,14 +1462,29 @@ class ProducerConnection:
         st.first_marker = False
         st.last_queued = hi
         if oso:
-            self._queue(st, encode("DCP_OSO_SNAPSHOT", extras={"flags": 0x01}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid), "oso")
+            self._queue(
+                st,
+                encode("DCP_OSO_SNAPSHOT", extras={"flags": 0x01}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid),
+                "oso",
+                note=("oso", {"flags": 0x01}),
+            )
             for r in sorted(items, key=lambda r: r.key):
                 self._item(st, r)
-            self._queue(st, encode("DCP_OSO_SNAPSHOT", extras={"flags": 0x02}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid), "oso")
+            self._queue(
+                st,
+                encode("DCP_OSO_SNAPSHOT", extras={"flags": 0x02}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid),
+                "oso",
+                note=("oso", {"flags": 0x02}),
+            )
             if self.controls.get("enable_out_of_order_snapshots") == "true_with_seqno_advanced" and (
                 not items or max(r.seqno for r in items) < hi
             ):
-                self._queue(st, encode("DCP_SEQNO_ADVANCED", extras={"seqno": hi}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid), "sa")
+                self._queue(
+                    st,
+                    encode("DCP_SEQNO_ADVANCED", extras={"seqno": hi}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid),
+                    "sa",
+                    note=("item", {"opcode": "DCP_SEQNO_ADVANCED", "seqno": hi}),
+                )
             return
         # §7.2 marker start: the requested start for the first marker, else the first item's seqno
         start = lo if first else (items[0].seqno if items else lo + 1)
@@ -1371,7 +1494,12 @@ class ProducerConnection:
             self._item(st, r)
         if self.collections and (not items or items[-1].seqno < hi):
             # §6.19: the snapshot ends on seqnos this stream does not see
-            self._queue(st, encode("DCP_SEQNO_ADVANCED", extras={"seqno": hi}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid), "sa")
+            self._queue(
+                st,
+                encode("DCP_SEQNO_ADVANCED", extras={"seqno": hi}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid),
+                "sa",
+                note=("item", {"opcode": "DCP_SEQNO_ADVANCED", "seqno": hi}),
+            )
 
     def _marker(self, st: Stream, vb: VBucket, start: int, end: int, flags: int, disk: bool) -> None:
         version = self.marker_version
@@ -1393,7 +1521,7 @@ class ProducerConnection:
                 value["purge_seqno"] = vb.purge_seqno
                 value["high_prepared_seqno"] = max((r.seqno for r in upto if r.kind == "prepare"), default=0) if disk else 0
             raw = encode("DCP_SNAPSHOT_MARKER", extras={"version": 2 if version == "v2.2" else 0}, value=value, **common)
-        self._queue(st, raw, "marker")
+        self._queue(st, raw, "marker", note=("marker", {"start": start, "end": end, "flags": flags, "version": version}))
 
     def _payload(self, r: Record) -> tuple[bytes, int]:
         value, dt = r.value, r.datatype | 0x01 if r.datatype & 0x01 else r.datatype
@@ -1423,9 +1551,11 @@ class ProducerConnection:
                 stream_id=st.sid,
                 **common,
             )
-            self._queue(st, raw, "item")
+            self._queue(st, raw, "item", note=_item_note("DCP_MUTATION", r))
         elif kind in ("deletion", "expiration"):
+            opname = "DCP_DELETION"
             if kind == "expiration" and self.controls.get("enable_expiry_opcode") == "true" and delete_times:
+                opname = "DCP_EXPIRATION"
                 extras = {"by_seqno": r.seqno, "rev_seqno": r.rev_seqno, "delete_time": r.delete_time}
                 raw = encode("DCP_EXPIRATION", extras=extras, cas=r.cas, stream_id=st.sid, **common)
             elif delete_times:
@@ -1440,7 +1570,7 @@ class ProducerConnection:
                     stream_id=st.sid,
                     **common,
                 )
-            self._queue(st, raw, "item")
+            self._queue(st, raw, "item", note=_item_note(opname, r))
         elif kind == "prepare":
             value, dt = self._payload(r)
             extras = {
@@ -1452,13 +1582,13 @@ class ProducerConnection:
                 "durability_level": r.durability,
             }
             raw = encode("DCP_PREPARE", extras=extras, value=value, datatype=dt, cas=r.cas, **common)
-            self._queue(st, raw, "item", extra=2)  # §7.5: a prepare counts 2 bytes more than its size
+            self._queue(st, raw, "item", extra=2, note=_item_note("DCP_PREPARE", r))  # §7.5: a prepare counts 2 bytes more than its size
         elif kind in ("commit", "abort"):
             name, field_ = ("DCP_COMMIT", "commit_seqno") if kind == "commit" else ("DCP_ABORT", "abort_seqno")
             raw = encode(name, extras={"prepared_seqno": r.prepared_seqno, field_: r.seqno}, **common)
-            self._queue(st, raw, "item")
+            self._queue(st, raw, "item", note=_item_note(name, r))
         elif kind == "system":
-            self._queue(st, self._system_event_frame(st, r), "item")
+            self._queue(st, self._system_event_frame(st, r), "item", note=_item_note("DCP_SYSTEM_EVENT", r))
 
     def _system_event_frame(self, st: Stream, r: Record) -> bytes:
         b = self.bucket
@@ -1505,6 +1635,14 @@ class ProducerConnection:
     def pause(self, until: float) -> None:
         """Stall this connection's streams until ``until`` (noops still flow)."""
         self.paused_until = until
+
+
+def _item_note(opcode: str, r: Record) -> tuple[str, dict[str, Any]]:
+    """The journal entry of an item: opcode name, seqno, key (system events: the event id)."""
+    fields: dict[str, Any] = {"opcode": opcode, "seqno": r.seqno, "key": r.key.decode("utf-8", "replace")}
+    if r.kind == "system":
+        fields["system_event"] = r.event
+    return ("item", fields)
 
 
 def _json(value: bytes) -> Any:

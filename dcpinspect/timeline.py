@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import spec
+from .columns import SEQNO_FIELD
 from .decoder import Frame
 from .dissect import DissectContext, Dissection, dissect
 from .records import Record
@@ -56,16 +57,6 @@ ITEMS = frozenset((0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64))
 SYNC_WRITES = frozenset((0x60, 0x61, 0x62, 0x63))
 #: requests that expect a response (the rest - producer stream messages, buffer acks, seqno acks - do not)
 EXPECTS_RESPONSE = frozenset((0x1F, 0x20, 0x21, 0x22, 0x89, 0xFE, 0x48, 0x50, 0x52, 0x53, 0x54, 0x5C, 0x5E, 0x96, 0x10))
-_SEQNO_FIELD = {
-    0x57: "by_seqno",
-    0x58: "by_seqno",
-    0x59: "by_seqno",
-    0x5F: "by_seqno",
-    0x60: "by_seqno",
-    0x62: "commit_seqno",
-    0x63: "abort_seqno",
-    0x64: "seqno",
-}
 
 
 @dataclass
@@ -571,7 +562,7 @@ class TimelineBuilder:
         if layout is not None:  # the table's struct for this layout, read in place (the common case)
             seqno = layout[0].unpack_from(fr[1], 24 + (h[2] >> 8 if h[0] == 0x08 else 0))[layout[1]]
         else:
-            value = dissect(fr, rec.context).extras.get(_SEQNO_FIELD.get(op, ""))
+            value = dissect(fr, rec.context).extras.get(SEQNO_FIELD.get(op, ""))
             seqno = value if isinstance(value, int) else None
         snaps = s.snapshots
         idx = len(snaps) - 1
@@ -852,9 +843,9 @@ class TimelineBuilder:
 
 
 def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
-    """opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
+    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
     out: dict[int, tuple[struct.Struct, int]] = {}
-    for op, name in _SEQNO_FIELD.items():
+    for op, name in SEQNO_FIELD.items():
         for v in spec.COMMANDS[op].request:
             if v.extras_struct is None or name not in v.extras_names:
                 continue

@@ -1,0 +1,180 @@
+"""The Spark pipeline (dcpinspect.spark) against the single-process path, on generated captures.
+
+    python benchmarks/bench_spark.py [--mb 1024] [--keep DIR] [--cores 1,2]
+
+Writes ``--mb`` MiB of captures (one big file of 40 % and six smaller ones,
+4 interleaved connections each, the generator of ``bench_capture.py``), then
+measures in one run:
+
+* the single-process frames table (``batches.read_batches`` over all files,
+  streamed) - frames/s;
+* a local Spark run per core count in a fresh process (``local[N]``): session
+  start, an empty job, and the stages (split + segments persisted, frames
+  decoded and persisted, numbering + a full ``noop`` write) - frames/s and the
+  ratio to the single-process path; peak RSS of the whole process tree
+  (driver JVM and Python workers) and of the largest Python worker;
+* tshark on the smallest file - frames/s, for the ratio.
+
+A benchmark, not a test: it prints and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_capture import time_tshark, write_capture
+
+BYTES_PER_FRAME = 183  # bench_capture's mutations with TCP overhead, measured
+
+
+def generate(directory: Path, mb: int) -> list[Path]:
+    total = mb * 1024 * 1024 // BYTES_PER_FRAME
+    sizes = [int(total * 0.4)] + [int(total * 0.1)] * 6
+    paths = []
+    for i, n in enumerate(sizes):
+        p = directory / f"cap-{i:02d}.pcap"
+        if not p.exists():
+            write_capture(p, n)
+        paths.append(p)
+    return paths
+
+
+def tree_rss() -> tuple[int, int]:
+    """(sum of RSS of this process's descendants, largest python descendant) in bytes."""
+    me = os.getpid()
+    kids: dict[int, list[int]] = {}
+    info: dict[int, tuple[int, str]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            ppid, rss = int(parts[1]), int(parts[21]) * 4096
+            with open(f"/proc/{d}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+        info[int(d)] = (rss, comm)
+    total, biggest, todo = 0, 0, list(kids.get(me, []))
+    while todo:
+        p = todo.pop()
+        rss, comm = info.get(p, (0, ""))
+        total += rss
+        if comm.startswith("python"):
+            biggest = max(biggest, rss)
+        todo += kids.get(p, [])
+    return total, biggest
+
+
+def spark_run(paths: list[str], cores: int, split_size: int) -> dict[str, float]:
+    """One local Spark run in this process (called in a fresh child)."""
+    peak = [0, 0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            t, b = tree_rss()
+            peak[0], peak[1] = max(peak[0], t), max(peak[1], b)
+            time.sleep(0.25)
+
+    threading.Thread(target=sample, daemon=True).start()
+    from dcpinspect import spark as sp
+
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    spark = sp.get_session(cores=cores, memory="4g")
+    out["session"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    spark.range(1).count()
+    out["empty_job"] = time.perf_counter() - t
+    t = time.perf_counter()
+    spark.createDataFrame([(1,)], "a int").mapInArrow(lambda it: it, "a int").count()
+    out["first_python_job"] = time.perf_counter() - t
+    p = sp.Pipeline(spark, paths, split_size=split_size, partitions=2 * cores)
+    t = time.perf_counter()
+    nseg = p.segments().count()
+    out["split+segments"] = time.perf_counter() - t
+    t = time.perf_counter()
+    p.raw().count()
+    out["frames (decode)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    fr = p.frames()
+    fr.write.format("noop").mode("overwrite").save()
+    out["numbering+write"] = time.perf_counter() - t
+    out["frames"] = float(p.raw().filter("_kind = 0").count())
+    out["segments"] = float(nseg)
+    out["pipeline"] = out["split+segments"] + out["frames (decode)"] + out["numbering+write"]
+    out["total"] = time.perf_counter() - t0
+    stop.set()
+    out["peak_rss_tree_mb"] = peak[0] / 2**20
+    out["peak_rss_python_worker_mb"] = peak[1] / 2**20
+    spark.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=1024)
+    ap.add_argument("--keep", help="keep the captures in this directory (reused when present)")
+    ap.add_argument("--cores", default="1,2")
+    ap.add_argument("--split-size", type=int, default=64 * 1024 * 1024)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        cfg = json.loads(args.child)
+        print(json.dumps(spark_run(cfg["paths"], cfg["cores"], cfg["split_size"])))
+        return 0
+    directory = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    paths = generate(directory, args.mb)
+    size = sum(p.stat().st_size for p in paths)
+    print(f"captures: {len(paths)} files, {size / 2**20:.0f} MiB ({time.perf_counter() - t:.0f} s to write) in {directory}")
+
+    from dcpinspect.batches import read_batches
+
+    t = time.perf_counter()
+    single = sum(b.num_rows for b in read_batches([str(p) for p in paths]))
+    dt_single = time.perf_counter() - t
+    fps_single = single / dt_single
+    print(f"single process (read_batches, streamed): {single:,} frames in {dt_single:.1f} s = {fps_single:,.0f} frames/s")
+
+    small = min(paths, key=lambda p: p.stat().st_size)
+    ts = time_tshark(small)
+    fps_tshark = ts[1] / ts[0] if ts else None
+    if ts:
+        print(f"tshark on {small.name}: {ts[1]:,} frames in {ts[0]:.1f} s = {fps_tshark:,.0f} frames/s")
+
+    for cores in (int(c) for c in args.cores.split(",")):
+        cfg = json.dumps({"paths": [str(p) for p in paths], "cores": cores, "split_size": args.split_size})
+        proc = subprocess.run([sys.executable, __file__, "--child", cfg], capture_output=True, text=True, check=False)
+        if proc.returncode:
+            print(f"local[{cores}]: failed\n{proc.stderr[-2000:]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert int(r["frames"]) == single, (r["frames"], single)
+        fps = r["frames"] / r["pipeline"]
+        fps_total = r["frames"] / r["total"]
+        print(
+            f"local[{cores}]: session {r['session']:.1f} s, empty job {r['empty_job']:.1f} s, first Python job {r['first_python_job']:.1f} s; "
+            f"split+segments {r['split+segments']:.1f} s, decode {r['frames (decode)']:.1f} s, numbering+write {r['numbering+write']:.1f} s; "
+            f"pipeline {fps:,.0f} frames/s ({fps / fps_single:.2f}x single process), with session {fps_total:,.0f} frames/s "
+            f"({fps_total / fps_single:.2f}x){f', {fps / fps_tshark:.1f}x tshark' if fps_tshark else ''}; "
+            f"peak RSS tree {r['peak_rss_tree_mb']:.0f} MiB, largest Python worker {r['peak_rss_python_worker_mb']:.0f} MiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

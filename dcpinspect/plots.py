@@ -1,0 +1,613 @@
+"""Plots of timelines and frames (an edge: matplotlib's object-oriented API only, never pyplot).
+
+Every function takes a :class:`~dcpinspect.timeline.Timeline` (or the frames
+table) and an optional ``ax``; without one it makes its own
+:class:`matplotlib.figure.Figure` (no pyplot state, so it works headless and
+in threads) and returns it.  With an ``ax`` it draws there and returns that
+axes' figure.
+
+* :func:`plot_seqnos` - seqno over time per stream, snapshot bands, stream
+  requests, rollbacks and retries, stream ends;
+* :func:`plot_branches` - the failover-log branch tree of a vbucket with the
+  consumer's resume points and rollback targets;
+* :func:`plot_flow` - bytes outstanding against the buffer size, acks and
+  stalls (and :func:`plot_noops`, noop round trips);
+* :func:`plot_opcodes` - frames per opcode over time.
+
+Colours are Okabe-Ito (colour-blind safe); ``theme="dark"`` draws light on
+dark (the default draws on an opaque white card, readable in both).  Seqnos
+are uint64: 2^64-1 is drawn at the top of the axis and labelled ``max``.
+Artists that stand for frames carry their frame numbers: :func:`frames_of`
+gives them, :func:`frame_at` turns a matplotlib pick event into a frame
+number (what the explorer uses to select the frame of a clicked point).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from .timeline import MAX_SEQNO, Stream, Timeline
+
+__all__ = [
+    "OKABE_ITO",
+    "frame_at",
+    "frames_of",
+    "plot_branches",
+    "plot_flow",
+    "plot_noops",
+    "plot_opcodes",
+    "plot_seqnos",
+    "seqno_label",
+    "stream_label",
+]
+
+#: Okabe-Ito, without black (unreadable on dark backgrounds)
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
+ROLLBACK = "#D55E00"  # vermillion
+END = "#999999"
+STALL = "#CC79A7"
+_THEMES = {
+    "light": {"face": "#ffffff", "fg": "#222222", "grid": "#dddddd"},
+    "dark": {"face": "#1e1e1e", "fg": "#e6e6e6", "grid": "#444444"},
+}
+MAX_POINTS = 20_000  # points per line drawn (longer series are thinned evenly; the ends are kept)
+
+_FRAMES: weakref.WeakKeyDictionary[Artist, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def frames_of(artist: Artist) -> np.ndarray:
+    """The frame numbers of an artist's points, in drawing order (empty if it stands for none)."""
+    return _FRAMES.get(artist, np.zeros(0, dtype=np.int64))
+
+
+def frame_at(event: Any) -> int | None:
+    """The frame number under a matplotlib ``pick_event`` (``None``: the artist has no frames)."""
+    frames = frames_of(event.artist)
+    ind = getattr(event, "ind", None)
+    if not len(frames):
+        return None
+    i = int(ind[0]) if ind is not None and len(ind) else 0
+    return int(frames[min(i, len(frames) - 1)])
+
+
+def _tag(artist: Artist, frames: Iterable[int], gid: str) -> Artist:
+    _FRAMES[artist] = np.asarray(list(frames), dtype=np.int64)
+    artist.set_gid(gid)
+    artist.set_picker(5)
+    return artist
+
+
+def seqno_label(v: int | None) -> str:
+    """A seqno as text: ``max`` for 2^64-1, ``-`` for unknown."""
+    return "-" if v is None else ("max" if v == MAX_SEQNO else str(v))
+
+
+def stream_label(s: Stream) -> str:
+    """``conn 1 vb 3 sid 2 #1`` (the segment only when it is not the first)."""
+    out = f"conn {s.conn} vb {s.vbucket}"
+    if s.stream_id is not None:
+        out += f" sid {s.stream_id}"
+    if s.segment:
+        out += f" #{s.segment}"
+    return out
+
+
+def _axes(ax: Axes | None, theme: str, *, rows: int = 1, size: tuple[float, float] = (9.0, 4.5)) -> tuple[Figure, list[Axes]]:
+    colours = _THEMES.get(theme, _THEMES["light"])
+    if ax is not None:
+        fig = ax.get_figure()
+        assert isinstance(fig, Figure)
+        axes = [ax]
+    else:
+        fig = Figure(figsize=(size[0], size[1] * rows), layout="constrained", facecolor=colours["face"])
+        axes = list(np.atleast_1d(fig.subplots(rows, 1, squeeze=False)[:, 0]))
+    for a in axes:
+        a.set_facecolor(colours["face"])
+        a.grid(True, color=colours["grid"], linewidth=0.6)
+        a.set_axisbelow(True)
+        for spine in a.spines.values():
+            spine.set_color(colours["fg"])
+        a.tick_params(colors=colours["fg"])
+        a.xaxis.label.set_color(colours["fg"])
+        a.yaxis.label.set_color(colours["fg"])
+        a.title.set_color(colours["fg"])
+    return fig, axes
+
+
+def _legend(ax: Axes, theme: str) -> None:
+    handles, _labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    colours = _THEMES.get(theme, _THEMES["light"])
+    leg = ax.legend(loc="best", fontsize="small", facecolor=colours["face"], edgecolor=colours["grid"], framealpha=0.85)
+    for text in leg.get_texts():
+        text.set_color(colours["fg"])
+
+
+class _Clock:
+    """Frame number -> seconds since the first frame shown (exact where known, else interpolated)."""
+
+    def __init__(self, known: Mapping[int, int] | tuple[Sequence[int], Sequence[int]], x: str) -> None:
+        if isinstance(known, Mapping):
+            frames, ts = np.fromiter(known.keys(), dtype=np.int64), np.fromiter(known.values(), dtype=np.int64)
+        else:
+            frames, ts = np.asarray(known[0], dtype=np.int64), np.asarray(known[1], dtype=np.int64)
+        order = np.argsort(frames, kind="stable")
+        self.frames, self.ts = frames[order], ts[order]
+        self.by_frame = x == "frame" or not len(self.frames)
+        self.t0 = int(self.ts.min()) if len(self.ts) else 0
+
+    def __call__(self, frames: Sequence[int] | np.ndarray) -> np.ndarray:
+        f = np.asarray(frames, dtype=np.float64)
+        if self.by_frame:
+            return f
+        return (np.interp(f, self.frames.astype(np.float64), (self.ts - self.t0).astype(np.float64))) / 1e9
+
+    @property
+    def label(self) -> str:
+        return "frame number" if self.by_frame else "seconds since the first frame"
+
+
+def timeline_clock(t: Timeline) -> dict[int, int]:
+    """Frame number -> timestamp (ns) for every frame the timeline knows the time of."""
+    known: dict[int, int] = {}
+    for s in t.streams:
+        for a in s.attempts:
+            known[a.frame] = a.ts
+        for it in s.items:
+            known[it.frame] = it.ts
+    for f in t.flow:
+        known[f.frame] = f.ts
+    return known
+
+
+class _SeqAxis:
+    """Maps uint64 seqnos to plot coordinates: 2^64-1 goes just above the largest real value."""
+
+    def __init__(self, values: Iterable[int | None]) -> None:
+        finite = [v for v in values if v is not None and v != MAX_SEQNO]
+        top = max(finite, default=0)
+        self.max_at = float(top + max(1, top // 10)) if top else 1.0
+        self.used_max = False
+
+    def __call__(self, v: int | None) -> float:
+        if v is None:
+            return float("nan")
+        if v == MAX_SEQNO:
+            self.used_max = True
+            return self.max_at
+        return float(v)
+
+    def install(self, ax: Axes, axis: str = "y") -> None:
+        max_at = self.max_at
+        used = self.used_max
+
+        def fmt(v: float, _pos: object) -> str:
+            if used and abs(v - max_at) < 1e-9 * max(1.0, max_at):
+                return "max"
+            return f"{v:,.0f}"
+
+        target = ax.yaxis if axis == "y" else ax.xaxis
+        target.set_major_locator(MaxNLocator(integer=True))
+        target.set_major_formatter(FuncFormatter(fmt))
+        if used:
+            getter = ax.get_ylim if axis == "y" else ax.get_xlim
+            setter = ax.set_ylim if axis == "y" else ax.set_xlim
+            lo, hi = getter()
+            setter(lo, max(hi, max_at * 1.02 + 0.5))
+
+
+def _thin(n: int) -> np.ndarray:
+    if n <= MAX_POINTS:
+        return np.arange(n)
+    idx = np.linspace(0, n - 1, MAX_POINTS).astype(np.int64)
+    return np.unique(idx)
+
+
+def _select(t: Timeline, vbucket: int | None, conn: int | None, streams: Iterable[int] | None) -> list[tuple[int, Stream]]:
+    wanted = set(streams) if streams is not None else None
+    return [
+        (i, s)
+        for i, s in enumerate(t.streams)
+        if (wanted is None or i in wanted) and (vbucket is None or s.vbucket == vbucket) and (conn is None or s.conn == conn)
+    ]
+
+
+# ---------------------------------------------------------------------------
+# seqnos
+
+
+def plot_seqnos(
+    t: Timeline,
+    *,
+    ax: Axes | None = None,
+    vbucket: int | None = None,
+    conn: int | None = None,
+    streams: Iterable[int] | None = None,
+    x: str = "time",
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    theme: str = "light",
+    bands: bool = True,
+) -> Figure:
+    """Seqno over time per stream, with snapshot bands, requests, rollbacks, retries and stream ends.
+
+    ``streams`` are indices into ``t.streams`` (as in ``timeline_frames(t)["streams"]``);
+    ``vbucket``/``conn`` narrow the choice.  ``x`` is ``"time"`` (seconds since
+    the first frame) or ``"frame"``.  ``clock`` maps frame numbers to
+    timestamps (ns), e.g. ``(df.frame, df.ts)`` of the frames table; without it
+    the times the timeline knows are used and the rest interpolated.
+
+    Artists (their ``gid``): one line per stream with items (``stream:I``), one
+    band collection per stream with snapshots (``snapshots:I``), and one
+    scatter each for stream requests (``requests``; retries are hollow),
+    rollbacks (``rollbacks``: at the rollback seqno, joined to the request by a
+    dotted line) and stream ends (``ends``).
+    """
+    fig, (a,) = _axes(ax, theme)
+    chosen = _select(t, vbucket, conn, streams)
+    clk = _Clock(clock if clock is not None else timeline_clock(t), x)
+    seq = _SeqAxis(
+        [v for _i, s in chosen for v in (s.last_seqno, *(at.start for at in s.attempts), *(at.rollback_seqno for at in s.attempts))]
+        + [v for _i, s in chosen for sn in s.snapshots for v in (sn.start, sn.end)]
+    )
+    req_x: list[float] = []
+    req_y: list[float] = []
+    req_f: list[int] = []
+    req_retry: list[bool] = []
+    rb_x: list[float] = []
+    rb_y: list[float] = []
+    rb_f: list[int] = []
+    end_x: list[float] = []
+    end_y: list[float] = []
+    end_f: list[int] = []
+    end_names: list[str] = []
+    for k, (i, s) in enumerate(chosen):
+        colour = OKABE_ITO[k % len(OKABE_ITO)]
+        label = stream_label(s)
+        items = [it for it in s.items if it.seqno is not None]
+        if items:
+            idx = _thin(len(items))
+            frames = np.fromiter((items[j].frame for j in idx), dtype=np.int64, count=len(idx))
+            ys = [seq(items[j].seqno) for j in idx]
+            (line,) = a.plot(clk(frames), ys, marker="." if len(idx) < 400 else None, color=colour, label=label, linewidth=1.4)
+            _tag(line, frames, f"stream:{i}")
+        if bands and s.snapshots:
+            polys = []
+            snap_frames = []
+            item_frames = np.fromiter((it.frame for it in s.items), dtype=np.int64, count=len(s.items))
+            starts = [sn.frame for sn in s.snapshots]
+            ends_at = [*starts[1:], int(item_frames[-1]) if len(item_frames) else starts[-1]]
+            if s.end is not None:
+                ends_at[-1] = s.end["frame"]
+            for sn, f_end in zip(s.snapshots, ends_at, strict=True):
+                x0, x1 = clk([sn.frame, max(f_end, sn.last_frame or sn.frame)])
+                y0, y1 = seq(sn.start), seq(sn.end)
+                polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+                snap_frames.append(sn.frame)
+            band = PolyCollection(polys, facecolors=colour, alpha=0.15, edgecolors=colour, linewidths=0.5)
+            a.add_collection(band)
+            _tag(band, snap_frames, f"snapshots:{i}")
+        for n, at in enumerate(s.attempts):
+            (px,) = clk([at.frame])
+            req_x.append(float(px))
+            req_y.append(seq(at.start))
+            req_f.append(at.frame)
+            req_retry.append(n > 0)
+            if at.outcome == "rollback" and at.rollback_seqno is not None:
+                (rx,) = clk([at.response_frame or at.frame])
+                rb_x.append(float(rx))
+                rb_y.append(seq(at.rollback_seqno))
+                rb_f.append(at.response_frame or at.frame)
+                a.plot([px, rx], [seq(at.start), seq(at.rollback_seqno)], linestyle=":", color=ROLLBACK, linewidth=1)
+        if s.end is not None:
+            (ex,) = clk([s.end["frame"]])
+            end_x.append(float(ex))
+            end_y.append(seq(s.last_seqno if s.last_seqno is not None else (s.attempts[-1].start if s.attempts else 0)))
+            end_f.append(s.end["frame"])
+            end_names.append(str(s.end.get("name")))
+    if req_f:
+        face = ["none" if r else "#0072B2" for r in req_retry]
+        sc = a.scatter(
+            req_x, req_y, marker="o", s=46, facecolors=face, edgecolors="#0072B2", zorder=4, label="stream request (hollow: retry)"
+        )
+        _tag(sc, req_f, "requests")
+    if rb_f:
+        sc = a.scatter(rb_x, rb_y, marker="v", s=70, color=ROLLBACK, zorder=5, label="rollback to")
+        _tag(sc, rb_f, "rollbacks")
+    if end_f:
+        sc = a.scatter(end_x, end_y, marker="s", s=46, color=END, edgecolors="#444444", zorder=5, label="stream end")
+        _tag(sc, end_f, "ends")
+        for ex, ey, name in zip(end_x, end_y, end_names, strict=True):
+            a.annotate(name, (ex, ey), textcoords="offset points", xytext=(4, 4), fontsize="x-small", color=_THEMES[theme]["fg"])
+    a.autoscale_view()
+    seq.install(a)
+    a.set_xlabel(clk.label)
+    a.set_ylabel("seqno")
+    a.set_title("seqnos per stream" if chosen else "seqnos per stream (no streams)")
+    _legend(a, theme)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# branch tree
+
+
+def plot_branches(
+    t: Timeline,
+    vbucket: int | None = None,
+    *,
+    ax: Axes | None = None,
+    theme: str = "light",
+    max_vbuckets: int = 8,
+) -> Figure:
+    """The failover-log branch tree of a vbucket, with the consumer's resume points and rollback targets.
+
+    One lane per branch (a failover-log entry: uuid and the seqno it starts
+    at), in order of first sight; a branch runs from its seqno to where a newer
+    branch takes over (or to the highest seqno seen), forks are drawn as
+    vertical links, branches a later log no longer had are dashed and end in
+    an ``x``.  Each stream request on the vbucket is a resume point on the lane
+    of the uuid it sent (a lane of its own, ``uuid in no log seen``, when the uuid is
+    in no log seen); each rollback is a ``v`` at its target, linked to its
+    request.
+
+    Without ``vbucket`` every vbucket with a branch or a stream is drawn (up to
+    ``max_vbuckets``, one axes each; an ``ax`` takes only one).  Artists:
+    ``branch:UUID`` lines, ``resume:VB`` and ``rollback-target:VB`` scatters.
+    """
+    vbs = sorted(set(t.branches) | {s.vbucket for s in t.streams}) if vbucket is None else [vbucket]
+    vbs = vbs[: 1 if ax is not None else max_vbuckets] or [0 if vbucket is None else vbucket]
+    fig, axes = _axes(ax, theme, rows=len(vbs), size=(9.0, 3.2))
+    fg = _THEMES.get(theme, _THEMES["light"])["fg"]
+    for a, vb in zip(axes, vbs, strict=True):
+        _branch_tree(a, t, vb, fg)
+        _legend(a, theme)
+    return fig
+
+
+def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
+    branches = sorted(t.branches.get(vb, []), key=lambda b: b.order)
+    attempts = [(s, at) for s in t.streams if s.vbucket == vb for at in s.attempts]
+    seen = [s.last_seqno for s in t.streams if s.vbucket == vb and s.last_seqno is not None]
+    high = t.high_seqnos.get(vb)
+    seq = _SeqAxis(
+        [b.seqno for b in branches]
+        + [at.start for _s, at in attempts]
+        + [at.rollback_seqno for _s, at in attempts]
+        + seen
+        + ([high[1]] if high else [])
+    )
+    live = sorted((b for b in branches if b.cut_frame is None), key=lambda b: (b.seqno, b.order))
+    horizon = max([b.seqno for b in branches] + seen + ([high[1]] if high else []) + [0])
+    lane = {b.uuid: b.order for b in branches}
+    unknown = len(branches)
+    # branch extents: to the next live branch above it, or the horizon
+    for b in branches:
+        later = [o.seqno for o in live if o.seqno > b.seqno]
+        end = min(later) if b.cut_frame is None and later else horizon
+        if b.cut_frame is not None and b.cut_by is not None:
+            cutter = next((o for o in branches if o.uuid == b.cut_by), None)
+            end = max(b.seqno, cutter.seqno) if cutter is not None else end
+        end = max(end, b.seqno)
+        colour = OKABE_ITO[b.order % len(OKABE_ITO)]
+        style = "--" if b.cut_frame is not None else "-"
+        (line,) = a.plot([seq(b.seqno), seq(end)], [b.order, b.order], linestyle=style, color=colour, linewidth=3, solid_capstyle="butt")
+        _tag(line, [b.first_frame], f"branch:{b.uuid:x}")
+        if b.cut_frame is not None:
+            a.plot([seq(end)], [b.order], marker="x", color=colour, markersize=9)
+        parents = [o for o in branches if o.uuid != b.uuid and o.seqno <= b.seqno and o.cut_frame is None and o.order != b.order]
+        parent = max(parents, key=lambda o: (o.seqno, -o.order), default=None)
+        if parent is not None:
+            a.plot([seq(b.seqno)] * 2, [parent.order, b.order], color=colour, linewidth=1, linestyle=":")
+    rx, ry, rf, tx, ty, tf = [], [], [], [], [], []
+    for _s, at in attempts:
+        y = lane.get(at.uuid)
+        if y is None:
+            y = unknown
+        rx.append(seq(at.start))
+        ry.append(y)
+        rf.append(at.frame)
+        if at.outcome == "rollback" and at.rollback_seqno is not None:
+            on = [b for b in live if b.seqno <= at.rollback_seqno]
+            ty_ = max(on, key=lambda b: b.seqno).order if on else (live[0].order if live else y)
+            tx.append(seq(at.rollback_seqno))
+            ty.append(ty_)
+            tf.append(at.response_frame or at.frame)
+            a.annotate(
+                "",
+                (seq(at.rollback_seqno), ty_),
+                (seq(at.start), y),
+                arrowprops={"arrowstyle": "->", "color": ROLLBACK, "linestyle": ":", "shrinkA": 4, "shrinkB": 4},
+            )
+    if rf:
+        sc = a.scatter(rx, ry, marker="o", s=50, facecolors="none", edgecolors=fg, linewidths=1.5, zorder=5, label="resume point (request)")
+        _tag(sc, rf, f"resume:{vb}")
+    if tf:
+        sc = a.scatter(tx, ty, marker="v", s=70, color=ROLLBACK, zorder=6, label="rollback target")
+        _tag(sc, tf, f"rollback-target:{vb}")
+    ticks = [b.order for b in branches]
+    labels = [f"0x{b.uuid:x} @ {seqno_label(b.seqno)}" for b in branches]
+    if any(lane.get(at.uuid) is None for _s, at in attempts):
+        ticks.append(unknown)
+        labels.append("uuid in no log seen")
+    a.set_yticks(ticks, labels, fontsize="small")
+    a.set_ylim(-0.6, max(ticks, default=0) + 0.6)
+    a.autoscale_view(scaley=False)
+    seq.install(a, "x")
+    a.set_xlabel("seqno")
+    a.set_title(f"vbucket {vb}: failover branches" + ("" if branches else " (no failover log seen)"))
+
+
+# ---------------------------------------------------------------------------
+# flow control and noops
+
+
+def plot_flow(
+    t: Timeline,
+    *,
+    conn: int | None = None,
+    ax: Axes | None = None,
+    x: str = "time",
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    theme: str = "light",
+    noops: bool = True,
+) -> Figure:
+    """Bytes outstanding against the buffer size per connection, with acks and stalls (and noop round trips below).
+
+    Artists: a step line per connection (``outstanding:C``), its buffer size
+    (``buffer:C``), acks (``acks:C``), one shaded span per stall
+    (``stall:C``); with ``noops``, noops answered and no ``ax`` a second axes holds
+    :func:`plot_noops`.
+    """
+    fig, axes = _axes(ax, theme, rows=2 if noops and t.noops and ax is None else 1, size=(9.0, 3.6))
+    a = axes[0]
+    clk = _Clock(clock if clock is not None else timeline_clock(t), x)
+    conns = sorted({f.conn for f in t.flow} if conn is None else {conn})
+    for k, c in enumerate(conns):
+        colour = OKABE_ITO[k % len(OKABE_ITO)]
+        samples = [f for f in t.flow if f.conn == c]
+        if not samples:
+            continue
+        idx = _thin(len(samples))
+        frames = np.fromiter((samples[j].frame for j in idx), dtype=np.int64, count=len(idx))
+        ys = [samples[j].outstanding for j in idx]
+        (line,) = a.step(clk(frames), ys, where="post", color=colour, label=f"conn {c} outstanding", linewidth=1.3)
+        _tag(line, frames, f"outstanding:{c}")
+        size = t.connections[c].buffer_size if c in t.connections else None
+        if size:
+            buf = a.axhline(size, color=colour, linestyle="--", linewidth=1, label=f"conn {c} buffer {size:,} B")
+            buf.set_gid(f"buffer:{c}")
+        acks = [f for f in samples if f.event == "ack"]
+        if acks:
+            af = [f.frame for f in acks]
+            sc = a.scatter(clk(af), [f.outstanding for f in acks], marker="^", s=28, color=colour, edgecolors="#444444", zorder=4)
+            if k == 0:
+                sc.set_label("buffer ack")
+            _tag(sc, af, f"acks:{c}")
+        for st in (s for s in t.stalls if s["conn"] == c):
+            x0, x1 = clk([st["frame"], st["ack_frame"]])
+            span = a.axvspan(x0, x1, color=STALL, alpha=0.2, label=f"stall {st['duration_ns'] / 1e9:.2f} s")
+            _tag(span, [st["frame"], st["ack_frame"]], f"stall:{c}")
+    a.set_xlabel(clk.label)
+    a.set_ylabel("bytes outstanding")
+    a.set_title("flow control" + ("" if t.flow else " (no buffer size negotiated: nothing to plot)"))
+    a.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}"))
+    _legend(a, theme)
+    if len(axes) > 1:
+        plot_noops(t, ax=axes[1], conn=conn, x=x, clock=clock, theme=theme)
+    return fig
+
+
+def plot_noops(
+    t: Timeline,
+    *,
+    conn: int | None = None,
+    ax: Axes | None = None,
+    x: str = "time",
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    theme: str = "light",
+) -> Figure:
+    """Noop round trips (ms) per connection, with twice the noop interval (the late threshold) when known.
+
+    Artists: one scatter per connection (``noops:C``), ``late:C`` lines.
+    """
+    fig, (a,) = _axes(ax, theme)
+    clk = _Clock(clock if clock is not None else timeline_clock(t), x)
+    rows = [n for n in t.noops if conn is None or n["conn"] == conn]
+    for k, c in enumerate(sorted({n["conn"] for n in rows})):
+        colour = OKABE_ITO[k % len(OKABE_ITO)]
+        mine = [n for n in rows if n["conn"] == c]
+        frames = [n["frame"] for n in mine]
+        sc = a.scatter(clk(frames), [n["rtt_ns"] / 1e6 for n in mine], color=colour, s=30, label=f"conn {c} noop round trip")
+        _tag(sc, frames, f"noops:{c}")
+        info = t.connections.get(c)
+        if info is not None and info.noop_interval:
+            late = a.axhline(2 * info.noop_interval * 1e3, color=colour, linestyle=":", label=f"conn {c}: 2 x noop interval")
+            late.set_gid(f"late:{c}")
+    a.set_xlabel(clk.label)
+    a.set_ylabel("round trip (ms)")
+    a.set_title("noops" + ("" if rows else " (none answered)"))
+    _legend(a, theme)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# frames per opcode
+
+
+def plot_opcodes(
+    frames: Any,
+    *,
+    ax: Axes | None = None,
+    bins: int = 60,
+    top: int = 7,
+    theme: str = "light",
+) -> Figure:
+    """Frames per opcode over time from the frames table (a pandas DataFrame or an Arrow table).
+
+    The ``top`` commonest names get a line each, the rest are summed as
+    ``other``; garbage, truncated frames and gaps are one line (``capture
+    problems``) when present.  Artists: one line per name, ``gid`` ``opcode:NAME``.
+    """
+    fig, (a,) = _axes(ax, theme)
+    ts, names = _ts_names(frames)
+    if not len(ts):
+        a.set_title("frames per opcode (no frames)")
+        return fig
+    t0 = int(ts.min())
+    secs = (ts - t0) / 1e9
+    span = float(secs.max()) if len(secs) else 0.0
+    edges = np.linspace(0.0, span if span > 0 else 1.0, max(2, bins + 1))
+    width = edges[1] - edges[0]
+    uniq, codes, counts = np.unique(names, return_inverse=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    keep = [int(i) for i in order if uniq[i] != "capture problems"][:top]
+    groups: list[tuple[str, np.ndarray]] = [(str(uniq[i]), codes == i) for i in keep]
+    rest = ~np.isin(codes, keep)
+    problems = np.flatnonzero(uniq == "capture problems")
+    if len(problems):
+        mask = codes == problems[0]
+        rest &= ~mask
+        groups.append(("capture problems", mask))
+    if rest.any():
+        groups.append(("other", rest))
+    centres = (edges[:-1] + edges[1:]) / 2
+    for k, (name, mask) in enumerate(groups):
+        hist, _ = np.histogram(secs[mask], bins=edges)
+        colour = ROLLBACK if name == "capture problems" else OKABE_ITO[k % len(OKABE_ITO)]
+        (line,) = a.plot(centres, hist / width, color=colour, label=f"{name} ({int(mask.sum()):,})", linewidth=1.4)
+        line.set_gid(f"opcode:{name}")
+    a.set_xlabel("seconds since the first frame")
+    a.set_ylabel("frames per second")
+    a.set_title(f"frames per opcode ({len(ts):,} frames, {span:.3g} s)")
+    _legend(a, theme)
+    return fig
+
+
+def _ts_names(frames: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(timestamps in ns, command names with non-frames as ``capture problems``) of a frames table."""
+    if hasattr(frames, "column_names"):  # Arrow
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ts = frames.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        is_frame = pc.equal(frames.column("type"), "frame")
+        names = pc.if_else(is_frame, frames.column("name"), pa.scalar("capture problems")).to_numpy(zero_copy_only=False)
+    else:  # pandas
+        ts = np.asarray(frames["ts"].values).astype("datetime64[ns]").view(np.int64)
+        names = np.where(frames["type"].to_numpy() == "frame", frames["name"].astype(object).to_numpy(), "capture problems")
+    names = np.asarray([n if isinstance(n, str) else "unknown" for n in names], dtype=object)
+    return np.asarray(ts, dtype=np.int64), names.astype(str)

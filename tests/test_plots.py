@@ -1,0 +1,157 @@
+"""Plots: each returns a Figure with the artists its timeline calls for; headless (Agg), no pyplot."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from dcpinspect import plots
+from dcpinspect.records import read_records
+from dcpinspect.tables import frames_df, frames_table
+from dcpinspect.timeline import MAX_SEQNO, Timeline, build_timeline
+
+CAPTURES = Path(__file__).resolve().parents[1] / "captures"
+
+
+@cache
+def timeline(name: str) -> Timeline:
+    return build_timeline(read_records([str(CAPTURES / name)]))
+
+
+def by_gid(fig: Figure, prefix: str) -> list:
+    return [a for ax in fig.axes for a in ax.get_children() if (a.get_gid() or "").startswith(prefix)]
+
+
+def points(artist) -> int:
+    return len(artist.get_offsets())
+
+
+def test_no_pyplot() -> None:
+    src = (Path(plots.__file__)).read_text()
+    assert "pyplot" not in src.replace("never pyplot", "").replace("no pyplot", "")
+
+
+def test_seqnos_failover_branches() -> None:
+    t = timeline("live-failover-branches.pcap")
+    fig = plots.plot_seqnos(t)
+    assert isinstance(fig, Figure)
+    with_items = [i for i, s in enumerate(t.streams) if s.items]
+    assert sorted(a.get_gid() for a in by_gid(fig, "stream:")) == sorted(f"stream:{i}" for i in with_items)
+    assert len(by_gid(fig, "snapshots:")) == len([s for s in t.streams if s.snapshots])
+    (req,) = by_gid(fig, "requests")
+    assert points(req) == sum(len(s.attempts) for s in t.streams) == 4
+    (rb,) = by_gid(fig, "rollbacks")
+    rollbacks = [a for s in t.streams for a in s.attempts if a.outcome == "rollback"]
+    assert points(rb) == len(rollbacks) == 1
+    assert rb.get_offsets()[0][1] == 12  # at the rollback seqno
+    (ends,) = by_gid(fig, "ends")
+    assert points(ends) == 3
+    assert list(plots.frames_of(ends)) == [s.end["frame"] for s in t.streams]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel() == "seqno"
+
+
+def test_seqnos_per_frame_axis_and_filters() -> None:
+    t = timeline("live-plain.pcap")
+    fig = plots.plot_seqnos(t, vbucket=2, x="frame")
+    assert [a.get_gid() for a in by_gid(fig, "stream:")] == [f"stream:{i}" for i, s in enumerate(t.streams) if s.vbucket == 2]
+    line = by_gid(fig, "stream:")[0]
+    assert list(line.get_xdata()) == list(plots.frames_of(line))  # x is the frame number
+    assert fig.axes[0].get_xlabel() == "frame number"
+
+
+def test_uint64_max_is_labelled_max() -> None:
+    t = timeline("seed-000-rollback-retry.pcap")
+    import copy
+
+    t2 = copy.deepcopy(t)
+    t2.streams[0].attempts[0].start = MAX_SEQNO
+    fig = plots.plot_seqnos(t2)
+    FigureCanvasAgg(fig).draw()
+    labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
+    assert "max" in labels
+    assert max(fig.axes[0].get_ylim()) < 1e10  # the axis is not stretched to 2^64
+
+
+def test_branches() -> None:
+    t = timeline("live-failover-branches.pcap")
+    fig = plots.plot_branches(t, 0)
+    assert len(by_gid(fig, "branch:")) == len(t.branches[0]) == 3
+    (resume,) = by_gid(fig, "resume:0")
+    assert points(resume) == 4
+    (target,) = by_gid(fig, "rollback-target:0")
+    assert points(target) == 1 and target.get_offsets()[0][0] == 12
+    labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
+    assert any(lab.startswith("0xea7b5bf55eb561a5") for lab in labels)
+    # every vbucket, one axes each
+    t4 = timeline("live-plain.pcap")
+    assert len(plots.plot_branches(t4).axes) == 4
+
+
+def test_seed_branches_unordered_log() -> None:
+    t = timeline("seed-000-rollback-retry.pcap")
+    fig = plots.plot_branches(t)
+    assert len(by_gid(fig, "branch:")) == 4
+    assert points(by_gid(fig, "rollback-target:")[0]) == 1
+
+
+def test_flow_and_noops() -> None:
+    t = timeline("live-flow-control.pcap")
+    fig = plots.plot_flow(t)
+    assert len(by_gid(fig, "outstanding:")) == 1
+    assert len(by_gid(fig, "buffer:")) == 1
+    assert len(by_gid(fig, "stall:")) == len(t.stalls) == 1
+    acks = by_gid(fig, "acks:")
+    assert sum(points(a) for a in acks) == sum(f.event == "ack" for f in t.flow)
+    s = timeline("dcp-session.pcap")
+    fig2 = plots.plot_flow(s)
+    assert len(fig2.axes) == 2  # noops below
+    (noops,) = by_gid(fig2, "noops:")
+    assert points(noops) == len(s.noops) == 1
+
+
+def test_opcodes_pandas_and_arrow() -> None:
+    path = str(CAPTURES / "messy.pcap")
+    df = frames_df([path])
+    fig = plots.plot_opcodes(df, top=3)
+    names = {a.get_gid() for a in by_gid(fig, "opcode:")}
+    assert "opcode:capture problems" in names  # garbage and gaps
+    assert len(names) <= 5
+    fig2 = plots.plot_opcodes(frames_table([path]), top=3)
+    assert {a.get_gid() for a in by_gid(fig2, "opcode:")} == names
+    totals = sum(int(a.get_label().rsplit("(", 1)[1].rstrip(")").replace(",", "")) for a in by_gid(fig, "opcode:"))
+    assert totals == len(df)
+
+
+def test_pick_gives_frame() -> None:
+    t = timeline("live-rollback-retry.pcap")
+    fig = plots.plot_seqnos(t)
+    (rb,) = by_gid(fig, "rollbacks")
+    event = SimpleNamespace(artist=rb, ind=[0])
+    a = next(a for s in t.streams for a in s.attempts if a.outcome == "rollback")
+    assert plots.frame_at(event) == a.response_frame
+
+
+def test_existing_axes_and_dark_theme() -> None:
+    t = timeline("live-stream-ends.pcap")
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert plots.plot_seqnos(t, ax=ax, theme="dark") is fig
+    assert ax.get_facecolor()[:3] != (1.0, 1.0, 1.0)
+    assert plots.plot_branches(t, 0, ax=ax) is fig
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CAPTURES.glob("*.pcap")))
+def test_every_capture_plots(name: str) -> None:
+    t = timeline(name)
+    for fig in (plots.plot_seqnos(t), plots.plot_branches(t), plots.plot_flow(t)):
+        assert isinstance(fig, Figure) and fig.axes

@@ -1,0 +1,201 @@
+"""The Spark pipeline (dcpinspect.spark) against the single-process path, row for row.
+
+One local SparkSession for the module (its fixed cost is paid once); tiny
+captures; tiny split sizes so one file becomes many ranges.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pcapfactory import Conn, Msg, write_bad_files, write_capture
+
+from dcpinspect import encode
+from dcpinspect.records import CaptureStats
+from dcpinspect.tables import frames_table
+
+pytest.importorskip("pyspark")
+if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+    pytest.skip("Spark needs Java 17: no java found", allow_module_level=True)
+
+from dcpinspect import spark as sp
+
+SHIPPED = sorted(str(p) for p in (Path(__file__).parent.parent / "captures").glob("*.pcap"))
+MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    s = sp.get_session(cores=2)
+    yield s
+
+
+def conversation(n: int, *, vb: int, opaque: int, collections: bool = False) -> list[Msg]:
+    msgs = []
+    if collections:
+        feats = struct.pack(">H", 0x12)
+        msgs += [
+            Msg("c2s", encode("HELLO", key="t", value=feats, opaque=1)),
+            Msg("s2c", encode("HELLO", response=True, value=feats, opaque=1)),
+        ]
+    msgs += [
+        Msg("c2s", encode("DCP_OPEN", key="conn", extras={"flags": 1}, opaque=2)),
+        Msg("s2c", encode("DCP_OPEN", response=True, opaque=2)),
+        Msg("c2s", encode("DCP_STREAM_REQ", vbucket=vb, opaque=opaque, extras={"end_seqno": 2**64 - 1})),
+        Msg("s2c", encode("DCP_STREAM_REQ", response=True, opaque=opaque, value=[(0xFEEDDECA, 0)])),
+    ]
+    items = b""
+    for i in range(n):
+        items += encode(
+            "DCP_MUTATION",
+            vbucket=vb,
+            opaque=opaque,
+            extras={**MUT, "by_seqno": i + 1},
+            key=f"doc-{i}",
+            cid=8 if collections else None,
+            value=b'{"a": %d}' % i if i % 3 else b"v" * (40 + 37 * i % 300),
+            cas=2**64 - 1 - i,
+        )
+    msgs.append(Msg("s2c", items))
+    return msgs
+
+
+def conns(k: int, n: int = 40) -> list[Conn]:
+    return [
+        Conn(
+            client=(f"10.0.0.{10 + i}", 50000 + i),
+            msgs=conversation(n, vb=i, opaque=0x1000 + i, collections=bool(i % 2)),
+            close=None if i % 3 == 2 else "fin",
+        )
+        for i in range(k)
+    ]
+
+
+def reference(paths: list[str]) -> tuple[list[dict[str, Any]], CaptureStats]:
+    st = CaptureStats()
+    t = frames_table(paths, stats=st)
+    ref = pa.Table.from_batches([sp.spark_batch(b) for b in t.to_batches()]) if t.num_rows else None
+    return (ref.to_pylist() if ref is not None else []), st
+
+
+def check(spark: Any, paths: list[str], *, split_size: int, partitions: int) -> sp.Pipeline:
+    p = sp.Pipeline(spark, paths, split_size=split_size, partitions=partitions)
+    got = p.frames().orderBy("frame").toArrow().to_pylist()
+    want, st = reference(sp.expand_paths(paths))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w[k]}
+    status = {r["path"]: r for r in p.status().toArrow().to_pylist()}
+    for path, info in st.files.items():
+        s = status[path]
+        assert s["error"] == info["error"]
+        assert s["problems"] == info["problems"]
+        assert s["format"] == info["format"]
+        assert s["packets"] == info["packets"]
+        assert s["status"] == ("error" if info["error"] else "problems" if info["problems"] else "ok")
+    return p
+
+
+def test_shipped_captures_match_single_process(spark: Any) -> None:
+    p = check(spark, SHIPPED, split_size=2048, partitions=3)
+    assert p.ranges().count() > len(SHIPPED)  # files were cut into several ranges
+    p.unpersist()
+
+
+@pytest.mark.parametrize(("fmt", "split_size", "partitions"), [("pcap", 1, 1), ("pcap", 3000, 4), ("pcapng", 700, 2)])
+def test_big_file_many_ranges(spark: Any, tmp_path: Path, fmt: str, split_size: int, partitions: int) -> None:
+    w = write_capture(tmp_path / f"big.{fmt}", conns(4), fmt=fmt, mss=300, reorder=[5, 30], drop=[12], duplicate=[20], non_tcp=4)
+    ranges = sp.split_file(str(w.path), split_size)
+    assert len(ranges) > 5
+    assert ranges[0][0] in (0, 24) and ranges[-1][1] == w.path.stat().st_size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    check(spark, [str(w.path)], split_size=split_size, partitions=partitions).unpersist()
+
+
+def _rotate(path: Path, parts: int) -> list[str]:
+    """Cut a pcap into ``parts`` files at record boundaries, as tcpdump -C does."""
+    data = path.read_bytes()
+    head, pos, offsets = data[:24], 24, []
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<I", data, pos + 8)[0]
+    cuts = [offsets[len(offsets) * i // parts] for i in range(parts)] + [len(data)]
+    out = []
+    for i in range(parts):
+        q = path.with_name(f"{path.stem}.{i}.pcap")
+        q.write_bytes((head if i else b"") + data[cuts[i] if i else 0 : cuts[i + 1]])
+        out.append(str(q))
+    return out
+
+
+def test_rotated_captures_join_up(spark: Any, tmp_path: Path) -> None:
+    w = write_capture(tmp_path / "rot.pcap", conns(3), mss=400)
+    files = _rotate(w.path, 3)
+    check(spark, files, split_size=1500, partitions=2).unpersist()
+
+
+def test_bad_files_are_reported_and_never_fail_the_job(spark: Any, tmp_path: Path) -> None:
+    bad = write_bad_files(tmp_path / "bad")
+    good = write_capture(tmp_path / "good.pcap", conns(2, 10), mss=500).path
+    paths = [str(good), *(str(p) for p in bad.values()), str(tmp_path / "missing.pcap")]
+    p = check(spark, paths, split_size=200, partitions=2)
+    status = {r["path"]: r["status"] for r in p.status().collect()}
+    assert status[str(good)] == "ok"
+    assert status[str(bad["text"])] == "error"
+    assert status[str(bad["truncated_record"])] == "problems"
+    assert status[str(tmp_path / "missing.pcap")] == "error"
+    p.unpersist()
+
+
+def test_data_source(spark: Any) -> None:
+    sp.register_data_source(spark)
+    df = spark.read.format("dcpinspect").load(",".join(SHIPPED[:3]))
+    want, _ = reference(SHIPPED[:3])
+    assert df.orderBy("frame").toArrow().to_pylist() == want
+    segs = spark.read.format("dcpinspect").option("table", "segments").option("split_size", "1024").load(SHIPPED[0])
+    assert segs.filter("kind = 0").count() > 0
+    st = spark.read.format("dcpinspect").option("table", "status").load(SHIPPED[0] + "," + __file__).collect()
+    assert [r["status"] for r in st] == ["ok", "error"]
+
+
+def test_analyze_command(spark: Any, tmp_path: Path) -> None:
+    out = io.StringIO()
+    assert sp.command([*SHIPPED[:2], "--out", str(tmp_path / "o"), "--split-size", "4096"], out=out) == 0
+    assert "frames" in out.getvalue()
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "o" / "frames")
+    assert t.num_rows == len(reference(SHIPPED[:2])[0])
+    assert pq.read_table(tmp_path / "o" / "file_status").num_rows == 2
+
+
+def test_spark_connect(tmp_path: Path) -> None:
+    """The same pipeline through Spark Connect (a local Connect server started from the installed pyspark)."""
+    code = f"""
+import sys
+from dcpinspect import spark as sp
+try:
+    s = sp.get_session("local[2]")
+except Exception as exc:
+    print("NO-CONNECT", exc); sys.exit(0)
+p = sp.Pipeline(s, {SHIPPED[:2]!r}, split_size=2048, partitions=2)
+print("ROWS", p.frames().count(), type(s).__module__)
+"""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env, check=False)
+    if "NO-CONNECT" in r.stdout:
+        pytest.skip(f"a local Spark Connect server cannot start here: {r.stdout.strip()}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = int(r.stdout.split("ROWS")[1].split()[0])
+    assert rows == len(reference(SHIPPED[:2])[0])
+    assert "connect" in r.stdout
