@@ -209,7 +209,8 @@ class FrameColumns:
         c["cas"].append(h[8] if mcbp else None)
         c["datatype"].append(h[4] if mcbp else None)
         c["key"].append(d.key_text if d.key else None)
-        c["cid"].append(d.cid)
+        # a LEB128 id past 32 bits is reported by dissect as a problem; the column holds only valid ids
+        c["cid"].append(d.cid if d.cid is None or d.cid <= 0xFFFFFFFF else None)
         c["stream_id"].append(d.stream_id)
         vals = dcp_values(op if mcbp else -1, response, d.extras, d.body)
         for name in DCP_COLUMNS:

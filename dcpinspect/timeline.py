@@ -197,6 +197,7 @@ class Stream:
     opaque: int | None = None
     last_seqno: int | None = None
     oso: bool = False  # inside an OSO snapshot (seqnos may be out of order)
+    oso_ended: bool = False  # an OSO snapshot ended and no marker followed yet: SEQNO_ADVANCED may follow (FACTS §6.20)
     end_seqno: int | None = None  # the successful request's end seqno (None: open-ended or unknown)
     anomalies: list[Anomaly] = field(default_factory=list)
 
@@ -276,6 +277,10 @@ class _Conn:
     last: dict[str, Record] = field(default_factory=dict)  # direction -> its latest record
     noops: dict[int, tuple[int, int]] = field(default_factory=dict)  # opaque -> (frame, ts)
     lost: bool = False
+    # acks for bytes not yet seen sent: the capture reordered the directions (or missed data);
+    # the excess is credited to the next bytes sent, and overruns become uncertain
+    ack_credit: int = 0
+    ack_ahead: bool = False
 
 
 class TimelineBuilder:
@@ -336,12 +341,16 @@ class TimelineBuilder:
             c = self._conns[rec.conn] = _Conn(ConnectionInfo(rec.conn, rec.conn_label))
         return c
 
-    def _anomaly(self, c: _Conn, kind: str, frames: list[int], message: str, stream: Stream | None = None) -> None:
-        if stream is not None and stream.anomalies and stream.anomalies[-1].kind == kind and stream.anomalies[-1].uncertain == c.lost:
-            last = stream.anomalies[-1]  # the same thing again: one anomaly with every frame (bounded)
+    def _anomaly(
+        self, c: _Conn, kind: str, frames: list[int], message: str, stream: Stream | None = None, *, uncertain: bool = False
+    ) -> None:
+        uncertain = uncertain or c.lost
+        if stream is not None and stream.anomalies and stream.anomalies[-1].kind == kind and stream.anomalies[-1].uncertain == uncertain:
+            last = stream.anomalies[-1]  # the same thing again: one anomaly with every frame (bounded, each frame once)
             last.count += 1
             if len(last.frames) < MAX_FRAMES:
-                last.frames.extend(f for f in frames if f not in last.frames[-len(frames) :])
+                seen = set(last.frames)
+                last.frames.extend(f for f in frames if f not in seen)
             return
         a = Anomaly(
             kind,
@@ -350,7 +359,7 @@ class TimelineBuilder:
             c.info.conn,
             stream.vbucket if stream else None,
             stream.stream_id if stream else None,
-            uncertain=c.lost,
+            uncertain=uncertain,
         )
         self._anomalies.append(a)
         if stream is not None:
@@ -380,6 +389,9 @@ class TimelineBuilder:
         elif op == 0x5D and d is not None:
             acked = d.extras.get("buffer_bytes")
             if isinstance(acked, int):
+                if acked > c.outstanding:  # acknowledges bytes not seen sent yet (directions reordered in the capture)
+                    c.ack_credit += acked - c.outstanding
+                    c.ack_ahead = True
                 c.outstanding = max(0, c.outstanding - acked)
                 self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "ack", acked))
                 if c.stalled_at is not None and c.info.buffer_size and c.outstanding < c.info.buffer_size:
@@ -456,9 +468,19 @@ class TimelineBuilder:
         if buf:
             if c.outstanding >= buf:
                 self._anomaly(
-                    c, "flow-control overrun", [n], f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}", s
+                    c,
+                    "flow-control overrun",
+                    [n],
+                    f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}",
+                    s,
+                    uncertain=c.ack_ahead,
                 )
-            c.outstanding += size
+            if c.ack_credit:
+                used = min(c.ack_credit, size)
+                c.ack_credit -= used
+                c.outstanding += size - used
+            else:
+                c.outstanding += size
             self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "sent", size))
             if c.outstanding >= buf and c.stalled_at is None:
                 c.stalled_at = n
@@ -486,7 +508,7 @@ class TimelineBuilder:
         if s.end is not None:
             self._anomaly(c, "after stream end", [s.end["frame"], n], f"{_name(op)} after DCP_STREAM_END", s)
             return
-        if s.close_answered is not None:
+        if s.close_answered is not None and not (op == 0x55 and self._end_on_close(c)):
             self._anomaly(c, "after close stream", [s.close_answered, n], f"{_name(op)} after the CLOSE_STREAM response", s)
         if op in ITEMS:
             self._item(c, rec, fr, h, op, s)
@@ -511,6 +533,13 @@ class TimelineBuilder:
             d = dissect(fr, rec.context)
             flags = d.extras.get("flags", 0)
             s.oso = bool(flags & 0x01) and not flags & 0x02
+            s.oso_ended = bool(flags & 0x02)
+
+    @staticmethod
+    def _end_on_close(c: _Conn) -> bool:
+        """Whether the producer ends a stream closed by the client with STREAM_END(Closed) (FACTS §6.3)."""
+        value, status = c.info.controls.get("send_stream_end_on_client_close_stream", ("", ""))
+        return value == "true" and status == "Success"
 
     def _marker(self, c: _Conn, rec: Record, fr: Frame, s: Stream) -> None:
         d = dissect(fr, rec.context)
@@ -553,7 +582,7 @@ class TimelineBuilder:
         if isinstance(snap.purge_seqno, int):
             self._purge[s.vbucket] = (rec.number, snap.purge_seqno)
         s.snapshots.append(snap)
-        s.oso = False
+        s.oso = s.oso_ended = False
 
     def _item(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, s: Stream) -> None:
         n = rec.number
@@ -583,7 +612,8 @@ class TimelineBuilder:
             snap.last_frame = n
             if seqno >= snap.end:
                 snap.complete = True
-        elif s.attempts:  # a stream followed from mid-way (request not captured) may start anywhere
+        elif s.attempts and not oso and not (op == 0x64 and s.oso_ended):
+            # mid-way streams may start anywhere; OSO items (and a SEQNO_ADVANCED after them) have no marker (FACTS §6.20)
             self._anomaly(c, "item before marker", [n], f"{_name(op)} seqno {seqno} before any snapshot marker", s)
         last = s.last_seqno
         if last is None or seqno > last:

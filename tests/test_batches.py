@@ -174,3 +174,27 @@ def test_property_columnar_equals_dissect(chunk: RecordChunk) -> None:
 def test_chunk_record_matches_records() -> None:
     chunk = next(read_chunks([str(CAPTURES[0])]))
     assert [chunk.record(i) for i in range(len(chunk))] == list(chunk.records())
+
+
+def test_collection_id_past_32_bits_is_a_problem_not_a_crash() -> None:
+    # the LEB128 bytes 80 80 80 80 10 decode to 2**32: reported, and the uint32 column holds null
+    raw = bytes.fromhex("80580005120000000000001700000000" + "00" * 26 + "8080808010")
+    events = FrameDecoder().feed(raw)
+    chunk = RecordChunk(
+        1,
+        events=events,
+        context=[DissectContext(collections=True)],
+        counts=[1],
+        conn=[1],
+        direction=["s2c"],
+        file=["a.pcap"],
+        ts=[0],
+        packet=[1],
+        heads={0: (1, 2, 3, 4)},
+        labels={1: "10.0.0.1:1 -> 10.0.0.2:11210"},
+    )
+    expected = slow_table(list(chunk.records()))
+    got = pa.Table.from_batches([chunk_batch(chunk)], schema=SCHEMA)
+    assert_same(expected, got)
+    assert got.column("cid").to_pylist() == [None]
+    assert "exceeds 32 bits" in str(got.column("problems").to_pylist())

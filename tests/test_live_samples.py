@@ -4,7 +4,6 @@ Each capture was recorded by ``captures/make_live_samples.py`` (client -> tap pr
 simulator on 127.0.0.1); next to it, ``live-<name>.journal.json`` is the simulator's
 ``Cluster.journal``.  The timeline built from the capture is checked against that
 journal - the ground truth - never against the timeline code's own output.
-Known disagreements of the timeline are ``xfail(strict=True)`` with the reason.
 """
 
 from __future__ import annotations
@@ -40,20 +39,6 @@ NAMES = [
 ]
 CLEAN = [n for n in NAMES if n != "loss-reorder"]
 Key = tuple[str, int, int | None]
-
-OSO_ITEMS = (
-    "timeline flags every item of an OSO snapshot 'item before marker' (live-oso.pcap frames 26-33...: the journal has "
-    "DCP_OSO_SNAPSHOT start/end brackets and no snapshot marker - FACTS §6.20 OSO items have none)"
-)
-CLOSED_END = (
-    "timeline flags STREAM_END(Closed) 'after close stream' (live-stream-ends.pcap frames 35, 36): the journal has "
-    "send_stream_end_on_client_close_stream and the producer sends that STREAM_END after the close response by design (FACTS §6.3)"
-)
-REORDER = (
-    "timeline marks only anomalies after a gap uncertain: the swapped producer segments (live-loss-reorder.pcap packets 25/27, "
-    "before the gap) make it see two buffer acks before the data they acknowledge, so it reports 'flow-control overrun' x65 from "
-    "frame 48 as certain although the journal shows the producer never sent past its window"
-)
 
 
 @functools.cache
@@ -269,18 +254,10 @@ def test_every_stream_end_reason_the_simulator_produces() -> None:
 # --- anomalies -------------------------------------------------------------------------------------
 
 #: anomalies the journal says did happen
-EXPECTED_ANOMALIES = {"stream-ends": {"flow-control overrun"}}
+EXPECTED_ANOMALIES = {"stream-ends": {"flow-control overrun", "flow-control stall"}}  # the consumer stalled to get Slow
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OSO_ITEMS if n == "oso" else CLOSED_END))
-        if n in ("oso", "stream-ends")
-        else n
-        for n in CLEAN
-    ],
-)
+@pytest.mark.parametrize("name", CLEAN)
 def test_no_anomalies_where_the_session_was_clean(name: str) -> None:
     t, _, _, _, _ = load(name)
     assert {a.kind for a in t.anomalies} == EXPECTED_ANOMALIES.get(name, set()), [(a.kind, a.frames[:4]) for a in t.anomalies]
@@ -308,7 +285,6 @@ def test_anomalies_after_the_loss_are_uncertain() -> None:
             assert a.uncertain, a
 
 
-@pytest.mark.xfail(strict=True, reason=REORDER)
 def test_every_anomaly_of_the_messy_capture_is_uncertain() -> None:
     t, _, _, _, _ = load("loss-reorder")
     assert t.anomalies and all(a.uncertain for a in t.anomalies), [(a.kind, a.frames[:3], a.uncertain) for a in t.anomalies]
@@ -379,3 +355,10 @@ def test_tshark_agrees_on_the_live_samples(name: str) -> None:
         d = dissect(fr, r.context)
         if d.key and d.cid is None and fr.opcode not in (0x21, 0x22) and fr.opcode not in _DCP_KEYED:
             assert p["couchbase.key"] == d.key_text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_anomaly_frames_are_named_once(name: str) -> None:
+    t, _, _, _, _ = load(name)
+    for a in t.anomalies:
+        assert len(a.frames) == len(set(a.frames)), (a.kind, a.frames[:8])
