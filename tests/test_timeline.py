@@ -211,3 +211,181 @@ def test_cli(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
         assert stream["attempts"][0]["rollback_seqno"] == 0 and len(tree["branches"]) == 4
     else:
         assert "ROLLBACK to 0" in out
+
+
+def sid_control() -> list[tuple[str, bytes]]:
+    return [
+        ("c2s", encode("DCP_CONTROL", key="enable_stream_id", value=b"true", opaque=3)),
+        ("s2c", encode("DCP_CONTROL", response=True, opaque=3)),
+    ]
+
+
+def end(status: int = 0, opaque: int = 0x10) -> bytes:
+    return encode("DCP_STREAM_END", extras={"status": status}, opaque=opaque)
+
+
+def rollback(opaque: int, to: int = 0) -> bytes:
+    return encode("DCP_STREAM_REQ", response=True, status=0x23, opaque=opaque, value={"rollback_seqno": to})
+
+
+def noop_interval(seconds: int) -> list[tuple[str, bytes]]:
+    return [
+        ("c2s", encode("DCP_CONTROL", key="set_noop_interval", value=str(seconds).encode(), opaque=4)),
+        ("s2c", encode("DCP_CONTROL", response=True, opaque=4)),
+    ]
+
+
+def timed_session(path: Path, conv: list[tuple[str, bytes | int]]) -> Path:
+    """Like :func:`session`; a ``("wait", ns)`` entry moves the clock."""
+    with PcapWriter(path) as w:
+        tcp = TcpConversation(w, ("10.0.0.1", 40000), ("10.0.0.2", 11210), mss=200)
+        tcp.open(T0)
+        ts = T0 + 10_000
+        for direction, data in conv:
+            if isinstance(data, int):
+                ts += data
+            else:
+                ts = tcp.send(direction, data, ts, step_ns=1_000_000)
+        tcp.close(ts)
+    return path
+
+
+S = 1_000_000_000
+OPEN = [("c2s", req(start=0)), ("s2c", ok([(1, 0)]))]  # frames 3, 4 after the two bootstrap frames
+# (kind, conversation after bootstrap(), the frames the anomaly names) - frame numbers count from 1 in capture order
+ANOMALY_CASES: dict[str, tuple[list[tuple[str, bytes | int]], list[int]]] = {
+    "item before marker": ([*OPEN, ("s2c", mut(1))], [5]),
+    "after stream end": ([*OPEN, ("s2c", marker(1, 5)), ("s2c", mut(1)), ("s2c", end()), ("s2c", mut(2))], [7, 8]),
+    "after close stream": (
+        [
+            *OPEN,
+            ("s2c", marker(1, 5)),
+            ("s2c", mut(1)),
+            ("c2s", encode("DCP_CLOSE_STREAM", opaque=0x20)),
+            ("s2c", encode("DCP_CLOSE_STREAM", response=True, opaque=0x20)),
+            ("s2c", mut(2)),
+        ],
+        [8, 9],
+    ),
+    "beyond end seqno": ([("c2s", req(start=0, end_seqno=3)), ("s2c", ok([(1, 0)])), ("s2c", marker(1, 5)), ("s2c", mut(4))], [3, 6]),
+    "marker goes backwards": ([*OPEN, ("s2c", marker(1, 2)), ("s2c", mut(1)), ("s2c", mut(2)), ("s2c", marker(1, 1))], [5, 8]),
+    "marker overlaps": ([*OPEN, ("s2c", marker(1, 2)), ("s2c", mut(1)), ("s2c", mut(2)), ("s2c", marker(2, 2))], [5, 8]),
+    "snapshot never completed": ([*OPEN, ("s2c", marker(1, 5)), ("s2c", mut(1)), ("s2c", marker(6, 8))], [5, 7]),
+    "no stream request": ([("s2c", marker(1, 5))], [3]),
+    "stream never ended": (
+        [
+            ("c2s", req(start=0, end_seqno=1)),
+            ("s2c", ok([(1, 0)])),
+            ("s2c", marker(1, 1)),
+            ("s2c", mut(1)),
+            ("c2s", req(start=0, vb=1, opaque=0x30)),
+            ("s2c", ok([(2, 0)], opaque=0x30)),
+        ],
+        [3],
+    ),
+    "rollback loop": (
+        [("c2s", req(start=5, vb_uuid=9, opaque=o)) if i % 2 == 0 else ("s2c", rollback(o)) for o in (0x11, 0x12, 0x13) for i in (0, 1)],
+        [3, 5, 7],
+    ),
+    "stream id missing": (
+        [
+            *sid_control(),
+            ("c2s", encode("DCP_STREAM_REQ", extras={"end_seqno": MAX_SEQNO}, opaque=0x10, stream_id=1)),
+            ("s2c", ok([(1, 0)])),
+            ("s2c", marker(1, 5)),
+        ],
+        [7],
+    ),
+    "stream id not enabled": (
+        [*OPEN, ("s2c", encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": 1, "end_seqno": 5, "flags": 1}, opaque=0x10, stream_id=1))],
+        [5],
+    ),
+    "sync write with stream ids": (
+        [
+            *sid_control(),
+            ("c2s", encode("DCP_STREAM_REQ", extras={"end_seqno": MAX_SEQNO}, opaque=0x10, stream_id=1)),
+            ("s2c", ok([(1, 0)])),
+            ("s2c", encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": 1, "end_seqno": 5, "flags": 1}, opaque=0x10, stream_id=1)),
+            (
+                "s2c",
+                encode(
+                    "DCP_PREPARE",
+                    extras={"by_seqno": 1, "rev_seqno": 1, "durability_level": 1},
+                    key="k",
+                    value=b"v",
+                    opaque=0x10,
+                    stream_id=1,
+                ),
+            ),
+        ],
+        [8],
+    ),
+    "noop answered late": (
+        [
+            *noop_interval(1),
+            ("s2c", encode("DCP_NOOP", opaque=0x40)),
+            ("wait", 3 * S),
+            ("c2s", encode("DCP_NOOP", response=True, opaque=0x40)),
+        ],
+        [5, 6],
+    ),
+    "noop unanswered": (
+        [*noop_interval(1), ("s2c", encode("DCP_NOOP", opaque=0x40)), ("wait", 3 * S), ("s2c", encode("DCP_NOOP", opaque=0x41))],
+        [5],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ANOMALY_CASES)
+def test_each_anomaly_with_its_frames(kind: str, tmp_path: Path) -> None:
+    conv, frames = ANOMALY_CASES[kind]
+    t = build_timeline(read_records([str(timed_session(tmp_path / "x.pcap", [*bootstrap(), *conv]))]))
+    got = [a for a in t.anomalies if a.kind == kind]
+    assert [a.frames for a in got] == [frames], [(a.kind, a.frames, a.message) for a in t.anomalies]
+    assert not got[0].uncertain
+
+
+def test_stream_end_closed_after_close_when_asked_for(tmp_path: Path) -> None:
+    """FACTS §6.3: with send_stream_end_on_client_close_stream the STREAM_END(Closed) follows the close response."""
+    conv = [
+        *bootstrap(),
+        ("c2s", encode("DCP_CONTROL", key="send_stream_end_on_client_close_stream", value=b"true", opaque=5)),
+        ("s2c", encode("DCP_CONTROL", response=True, opaque=5)),
+        *OPEN,
+        ("c2s", encode("DCP_CLOSE_STREAM", opaque=0x20)),
+        ("s2c", encode("DCP_CLOSE_STREAM", response=True, opaque=0x20)),
+        ("s2c", end(status=1)),
+    ]
+    t = build_timeline(read_records([str(timed_session(tmp_path / "c.pcap", conv))]))  # type: ignore[arg-type]
+    assert t.anomalies == [] and t.streams[0].end is not None and t.streams[0].end["name"] == "Closed"
+    # without the control the same STREAM_END is beyond what was in flight
+    t = build_timeline(
+        read_records(
+            [str(timed_session(tmp_path / "d.pcap", [c for c in conv if b"send_stream_end" not in c[1] and c[1][1:2] != b"\x5e"]))]
+        )
+    )  # type: ignore[arg-type]
+    assert [a.kind for a in t.anomalies] == ["after close stream"]
+
+
+def test_oso_items_need_no_marker(tmp_path: Path) -> None:
+    """FACTS §6.20: items between OSO start and end come in key order with no marker; a SEQNO_ADVANCED may follow."""
+    oso = [("s2c", encode("DCP_OSO_SNAPSHOT", extras={"flags": f}, opaque=0x10)) for f in (1, 2)]
+    conv = [*bootstrap(), *OPEN, oso[0], ("s2c", mut(3)), ("s2c", mut(1)), ("s2c", mut(2)), oso[1]]
+    conv += [("s2c", encode("DCP_SEQNO_ADVANCED", extras={"seqno": 5}, opaque=0x10)), ("s2c", marker(6, 6)), ("s2c", mut(6))]
+    t = build_timeline(read_records([str(session(tmp_path / "o.pcap", conv))]))
+    assert t.anomalies == []
+    assert [i.seqno for i in t.streams[0].items] == [3, 1, 2, 5, 6]
+
+
+def test_acks_seen_before_the_data_are_credited(tmp_path: Path) -> None:
+    """An ack captured before the bytes it acknowledges (directions reordered) is no overrun; later overruns are uncertain."""
+    m = mut(1)
+    conv = [*bootstrap(buffer=len(m) + 10), *OPEN, ("s2c", marker(1, 9))]
+    conv += [("c2s", encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": 500}))]
+    conv += [("s2c", mut(i)) for i in range(1, 6)]
+    t = build_timeline(read_records([str(session(tmp_path / "r.pcap", conv))]))
+    assert [a.kind for a in t.anomalies] == []
+    conv += [("s2c", mut(i)) for i in range(6, 20)]  # now well past the window: reported, but uncertain
+    t = build_timeline(read_records([str(session(tmp_path / "r2.pcap", conv))]))
+    over = [a for a in t.anomalies if a.kind == "flow-control overrun"]
+    assert over and all(a.uncertain for a in over)
