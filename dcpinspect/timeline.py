@@ -838,6 +838,10 @@ class TimelineBuilder:
                     )
             for st in self._streams:
                 if st.end is None and st.end_seqno is not None and st.last_seqno is not None and st.last_seqno >= st.end_seqno:
+                    c = self._conns[st.conn]
+                    later = c.last.get(c.info.producer_dir)
+                    if st.items and (later is None or later.number <= st.items[-1].frame):
+                        continue  # the producer sent nothing after the last item: its STREAM_END may be in flight
                     anomalies.append(
                         Anomaly(
                             "stream never ended",

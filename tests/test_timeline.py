@@ -389,3 +389,9 @@ def test_acks_seen_before_the_data_are_credited(tmp_path: Path) -> None:
     t = build_timeline(read_records([str(session(tmp_path / "r2.pcap", conv))]))
     over = [a for a in t.anomalies if a.kind == "flow-control overrun"]
     assert over and all(a.uncertain for a in over)
+
+
+def test_stream_end_in_flight_at_capture_end_is_not_an_anomaly(tmp_path: Path) -> None:
+    conv = [*bootstrap(), ("c2s", req(start=0, end_seqno=1)), ("s2c", ok([(1, 0)])), ("s2c", marker(1, 1)), ("s2c", mut(1))]
+    t = build_timeline(read_records([str(session(tmp_path / "e.pcap", conv))]))
+    assert t.anomalies == []
