@@ -303,6 +303,7 @@ class Connection:
     halves: dict[str, HalfStream] = field(default_factory=dict)
     first_ts: int = 0
     last_ts: int = 0
+    last_file: str = ""  # the capture file of its latest packet (rotated captures)
     packets: int = 0
 
     @property
@@ -410,6 +411,7 @@ class Reassembler:
             return out
         conn.packets += 1
         conn.last_ts = seg.ts
+        conn.last_file = seg.file
         d = "c2s" if src == conn.client else "s2c"
         half = conn.halves.get(d)
         if half is None:
@@ -488,7 +490,7 @@ class Reassembler:
         for d, half in conn.halves.items() if not conn.tls else ():
             raw: list[Emitted] = []
             half.finish(ts, packet, raw)
-            out += [(conn, d, *e, self._last_file) for e in raw]
+            out += [(conn, d, *e, conn.last_file or self._last_file) for e in raw]  # the file the connection was last seen in
         conn.closed = True
         return out
 

@@ -293,6 +293,7 @@ class TimelineBuilder:
         self._branches: dict[int, list[Branch]] = {}
         self._logs: dict[int, list[tuple[int, list[tuple[int, int]]]]] = {}
         self._flow: list[FlowSample] = []
+        self._explained: set[int] = set()  # id() of the rollback attempts the rule explains (no need to replay again)
         self._noops: list[dict[str, Any]] = []
         self._anomalies: list[Anomaly] = []
         self._high: dict[int, tuple[int, int]] = {}
@@ -633,7 +634,7 @@ class TimelineBuilder:
             sent = c.noops.pop(opaque, None)
             if sent is not None:
                 rtt = rec.ts - sent[1]
-                self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "rtt_ns": rtt})
+                self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "ts": sent[1], "rtt_ns": rtt})
                 if c.info.noop_interval and rtt > 2 * c.info.noop_interval * 1e9:
                     self._anomaly(
                         c,
@@ -733,24 +734,40 @@ class TimelineBuilder:
             b.cut_by = cutter
 
     # --- rollback explanation (FACTS §7.4) -----------------------------------------
-    def _explain(self, s: Stream, a: Attempt, *, later: bool = False) -> None:
+    def _explain(self, s: Stream, a: Attempt) -> None:
         """Replay the producer's rule (FACTS §7.4) on what was seen, and say what it predicts.
 
-        Unknown inputs are bracketed rather than guessed: the high seqno H is
-        tried at the highest seqno seen for the vbucket and at 2^64-1, the
-        purge seqno P (when no v2.2 marker showed it) at 0 and just above the
-        start seqno; a prediction is made only when the bracket agrees.
+        The failover log is the last one seen before the rollback; when that
+        one does not give the observed seqno and a log was seen after it (the
+        retry's success: the producer's log at that moment, e.g. after a
+        failover), the rule is replayed on that one too.  Unknown inputs are
+        bracketed rather than guessed: the high seqno H is tried at the
+        highest seqno seen for the vbucket and at 2^64-1, the purge seqno P
+        (when no v2.2 marker showed it) at 0 and just above the start seqno;
+        a prediction is made only when the bracket agrees.
         """
+        logs = self._logs.get(s.vbucket) or []
+        at = a.response_frame or a.frame
+        before = [log for frame, log in logs if frame < at]
+        after = [(frame, log) for frame, log in logs if frame > at]
+        candidates = [(before[-1], "")] if before else []
+        if after:
+            why = ": the producer's log had changed since the one seen before" if before else ""
+            candidates.append((after[0][1], f" (using the failover log seen later, at frame {after[0][0]}{why})"))
+        if not candidates:
+            a.explanation = "cannot replay the rule: no failover log of this vbucket was seen"
+            return
+        results = [self._replay(s, a, table, source) for table, source in candidates]
+        explanation, predicted, matched = next((r for r in results if r[2]), results[0])
+        a.explanation, a.predicted = explanation, predicted
+        if matched:
+            self._explained.add(id(a))
+
+    def _replay(self, s: Stream, a: Attempt, table: list[tuple[int, int]], source: str) -> tuple[str, int | None, bool]:
+        """(explanation, predicted rollback seqno, whether the rule gives the observed seqno) for one failover log."""
         from .producer import rollback_decision
 
         vb = s.vbucket
-        logs = self._logs.get(vb) or []
-        before = [log for frame, log in logs if frame < (a.response_frame or a.frame)]
-        table = before[-1] if before else (logs[0][1] if logs else None)
-        if table is None:
-            a.explanation = "cannot replay the rule: no failover log of this vbucket was seen"
-            return
-        source = "" if before else f" (using the failover log seen later, at frame {logs[0][0]})"
         high = self._high.get(vb)
         seen = max((x.last_seqno or 0 for x in self._streams if x.vbucket == vb), default=0)
         highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
@@ -781,23 +798,23 @@ class TimelineBuilder:
         matching = [(h, p, d) for h, p, d in tried if d.rollback and d.seqno == observed]
         if len(outcomes) == 1:
             (d,) = outcomes
-            a.predicted = d.seqno if d.rollback else None
+            predicted = d.seqno if d.rollback else None
             if matching:
-                a.explanation = f"{d.reason}{source}"
-            else:
-                what = f"predicts a rollback to {d.seqno}" if d.rollback else "predicts no rollback"
-                a.explanation = f"observed a rollback to {observed}, but the rule {what} from what was seen: {d.reason}{source}"
-        elif matching and purge is None and all(p != 0 for _h, p, _d in matching):
-            a.explanation = (
+                return f"{d.reason}{source}", predicted, True
+            what = f"predicts a rollback to {d.seqno}" if d.rollback else "predicts no rollback"
+            return f"observed a rollback to {observed}, but the rule {what} from what was seen: {d.reason}{source}", predicted, False
+        if matching and purge is None and all(p != 0 for _h, p, _d in matching):
+            return (
                 f"only a purge seqno above the start seqno {a.start} explains a rollback to {observed} "
-                f"(FACTS §7.4 step 3; the purge seqno was not observed){source}"
+                f"(FACTS §7.4 step 3; the purge seqno was not observed){source}",
+                None,
+                True,
             )
-        elif matching:
+        if matching:
             _h, _p, d = matching[0]
-            a.explanation = f"consistent with the rule for some value of the high seqno (not observed): {d.reason}{source}"
-        else:
-            got = sorted({d.seqno for d in outcomes if d.rollback})
-            a.explanation = f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}"
+            return f"consistent with the rule for some value of the high seqno (not observed): {d.reason}{source}", None, True
+        got = sorted({d.seqno for d in outcomes if d.rollback})
+        return f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}", None, False
 
     def _loops(self, c: _Conn, s: Stream) -> None:
         rolls = [a for a in s.attempts if a.outcome == "rollback"]
@@ -812,7 +829,7 @@ class TimelineBuilder:
         anomalies = list(self._anomalies)
         for st in self._streams:  # a log seen only after a rollback can still explain it
             for at in st.attempts:
-                if at.outcome == "rollback" and at.explanation.startswith("cannot replay") and self._logs.get(st.vbucket):
+                if at.outcome == "rollback" and id(at) not in self._explained and self._logs.get(st.vbucket):
                     self._explain(st, at)
         if final:
             for c in self._conns.values():

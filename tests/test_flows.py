@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpinspect import decode, encode
 from dcpinspect.flows import ACK, FIN, RST, SYN, Reassembler, Segment
+from dcpinspect.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.records import read_records
 
 C = ("10.0.0.1", 50000)
 S = ("10.0.0.2", 11210)
@@ -199,3 +202,19 @@ def test_data_after_the_direction_ended_is_counted_not_decoded() -> None:
     r, events = run(segs)
     assert frames_of(events) == [a]
     assert r.connections[0].halves["s2c"].after_close == 2 * len(a)
+
+
+def test_records_held_to_the_end_name_the_file_their_connection_was_last_seen_in(tmp_path: Path) -> None:
+    t0 = 1_700_000_000_000_000_000
+    a, b = tmp_path / "a.pcap", tmp_path / "b.pcap"
+    with PcapWriter(a) as w:  # connection 1: a frame cut short, never closed
+        conv = TcpConversation(w, ("10.0.0.1", 40000), ("10.0.0.2", 11210))
+        conv.open(t0)
+        conv.send("c2s", encode("GET", key="abc")[:20], t0 + 1000)
+    with PcapWriter(b) as w:  # connection 2 in the next file
+        conv = TcpConversation(w, ("10.0.0.3", 40001), ("10.0.0.2", 11210))
+        conv.open(t0 + 10_000)
+        conv.send("c2s", encode("GET", key="x"), t0 + 11_000)
+    recs = list(read_records([str(a), str(b)]))
+    held = [r for r in recs if r.conn == 1 and r.event.type != "frame"]
+    assert held and {r.file for r in held} == {str(a)}

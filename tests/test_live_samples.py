@@ -362,3 +362,17 @@ def test_anomaly_frames_are_named_once(name: str) -> None:
     t, _, _, _, _ = load(name)
     for a in t.anomalies:
         assert len(a.frames) == len(set(a.frames)), (a.kind, a.frames[:8])
+
+
+@pytest.mark.parametrize("name", ["rollback-retry", "failover-branches", "purge-rollback"])
+def test_every_rollback_is_explained_by_the_rule(name: str) -> None:
+    """The producer really applied FACTS §7.4, so replaying it on what was seen must give the observed seqno."""
+    t, journal, _, _, _ = load(name)
+    rolls = sorted((a for s in t.streams for a in s.attempts if a.outcome == "rollback"), key=lambda a: a.frame)
+    truth = [e for e in journal if e["event"] == "stream_request" and e["decision"] == "rollback"]
+    assert len(rolls) == len(truth) > 0
+    for a, e in zip(rolls, truth, strict=True):
+        assert (a.start, a.rollback_seqno) == (e["start"], e["rollback_seqno"])
+        assert not a.explanation.startswith(("observed", "cannot")), a.explanation
+        # the producer's own reason, unless it hinged on the purge seqno that was not on the wire
+        assert e["reason"] in a.explanation or "purge seqno was not observed" in a.explanation, (a.explanation, e["reason"])
