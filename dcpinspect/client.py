@@ -80,6 +80,7 @@ class DcpClient:
         connect_timeout: seconds to connect.
         tick: seconds between the consumer's clock ticks when nothing arrives.
         save_interval: at most one state write per this many seconds (plus the one on exit).
+        hold_acks: start with buffer acknowledgements withheld (see :attr:`hold_acks`).
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class DcpClient:
         connect_timeout: float = 10.0,
         tick: float = 0.2,
         save_interval: float = 1.0,
+        hold_acks: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -109,6 +111,7 @@ class DcpClient:
         self.tick = tick
         self.save_interval = save_interval
         self.consumer: DcpConsumer | None = None
+        self._hold_acks = hold_acks
         self._stop = False
         self._task: asyncio.Task[ResumeState] | None = None
 
@@ -116,6 +119,17 @@ class DcpClient:
     def state(self) -> ResumeState | None:
         """The consumer's resume state so far (``None`` before it started)."""
         return self.consumer.state if self.consumer is not None else None
+
+    @property
+    def hold_acks(self) -> bool:
+        """Buffer acknowledgements are withheld: a stalled consumer (FACTS §7.5); set back to ``False`` to acknowledge again."""
+        return self._hold_acks
+
+    @hold_acks.setter
+    def hold_acks(self, value: bool) -> None:
+        self._hold_acks = bool(value)
+        if self.consumer is not None:
+            self.consumer.hold_acks = self._hold_acks
 
     async def start(self) -> None:
         """Run in the background on the current event loop (see :meth:`wait`, :meth:`stop`)."""
@@ -158,6 +172,7 @@ class DcpClient:
         peer = writer.get_extra_info("peername") or (self.host, self.port)
         conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
         consumer = self.consumer = DcpConsumer(config, now=loop.time())
+        consumer.hold_acks = self._hold_acks
         last_save = loop.time()
         dirty = False
         closed_by = "c2s"

@@ -329,6 +329,8 @@ class DcpConsumer:
         self.flow_control = False
         self.noop = False
         self.unacked = 0
+        #: withhold buffer acknowledgements (a stalled consumer, FACTS §7.5); acks resume when set back to False
+        self.hold_acks = False
         self.acked_total = 0
         self.consumed_total = 0
         self._out = bytearray()
@@ -399,6 +401,7 @@ class DcpConsumer:
                 self._fail(
                     events, f"no traffic from the server for {now - self._last_rx:.1f} s (noop interval {self.config.noop_interval:g} s)"
                 )
+            self._maybe_ack(events)  # acks held back are sent once released, even while nothing arrives
         elif self._pending and now - self._pending_since > self.config.response_timeout:
             self._fail(events, f"no reply to {next(iter(self._pending.values()))[0]} within {self.config.response_timeout:g} s")
         return events
@@ -935,7 +938,7 @@ class DcpConsumer:
 
     # --- flow control, completion, failure ---------------------------------------------
     def _maybe_ack(self, events: list[ConsumerEvent]) -> None:
-        if not self.flow_control or self.done:
+        if not self.flow_control or self.done or self.hold_acks:
             return
         threshold = max(1, int(self.config.buffer_size * self.config.ack_ratio))
         if self.unacked >= threshold:

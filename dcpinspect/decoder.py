@@ -411,6 +411,13 @@ class FrameDecoder:
         return len(self._buf) + len(self._garbage)
 
     @property
+    def incomplete(self) -> tuple[int, bytes] | None:
+        """The frame (or header candidate) held back for more bytes: its stream offset and its first bytes (at most a header)."""
+        if not self._buf:
+            return None
+        return self._buf_off, bytes(self._buf[: self._d.header_size])
+
+    @property
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed

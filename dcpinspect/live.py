@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .decoder import Frame, FrameDecoder
 from .dissect import dissect
@@ -86,15 +86,15 @@ class LiveCapture:
         flags: int,
         payload: bytes,
         client: bool,
-        masker: _Masker | None = None,
+        masker: SecretMasker[tuple[Any, ...]] | None = None,
     ) -> None:
         if self._closed:
             return
         self.packets += 1
         if self.writer is not None:
             packet = (ts, src, dst, seq, ack, flags, payload, client)
-            for p in masker.add(packet) if masker is not None else (packet,):
-                self.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], p[6], client=p[7])
+            for p, data in masker.add(packet, payload) if masker is not None else ((packet, payload),):
+                self.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], data, client=p[7])
         seg = Segment(ts, src[0], src[1], dst[0], dst[1], seq & 0xFFFFFFFF, flags, payload, 0, self.packets, self.file)
         self._emit(self.recorder.feed(seg))
 
@@ -135,7 +135,9 @@ class LiveConnection:
         self.server = server
         self.seq = {"c2s": 1_000, "s2c": 5_000}
         self.closed = False
-        self._masker = None if capture.keep_secrets or capture.writer is None else _Masker()
+        self._masker: SecretMasker[tuple[Any, ...]] | None = None
+        if not capture.keep_secrets and capture.writer is not None:
+            self._masker = SecretMasker()
 
     def _ends(self, direction: str) -> tuple[tuple[str, int], tuple[str, int], str]:
         return (self.client, self.server, "s2c") if direction == "c2s" else (self.server, self.client, "c2s")
@@ -168,8 +170,8 @@ class LiveConnection:
         self.closed = True
         ts = self.capture.clock() if ts is None else ts
         if self._masker is not None and self.capture.writer is not None:  # an unfinished SASL frame: written masked
-            for p in self._masker.flush():
-                self.capture.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], p[6], client=p[7])
+            for p, payload in self._masker.flush():
+                self.capture.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], payload, client=p[7])
         src, dst, other = self._ends(by)
         if reset:
             self.capture._segment(ts, src, dst, self.seq[by], self.seq[other], RST | ACK, b"", by == "c2s")
@@ -182,69 +184,149 @@ class LiveConnection:
 
 
 _SASL_REQUESTS = frozenset((0x21, 0x22))  # SASL_AUTH, SASL_STEP
+_REQUEST_MAGICS = frozenset((0x80, 0x08))  # classic and alt requests
+#: a SASL request with a larger body is not held back: its whole body is masked as it passes
+HOLD_LIMIT = 1 << 20
+#: secret spans remembered per stream (for retransmitted bytes); bytes before a forgotten one are masked wholesale
+SPANS_KEPT = 64
+
+T = TypeVar("T")
 
 
-class _Masker:
-    """Overwrites SASL secrets in the client's packets before they are written to a pcap.
+class SecretMasker(Generic[T]):
+    """Overwrites SASL secrets in the packets of one client->server byte stream before they are written to a pcap.
+
+    Shared by :class:`LiveCapture` (proxy, client) and the sniffer.  Each packet
+    is an opaque ``item`` with its TCP ``payload`` at stream offset ``at``;
+    :meth:`add` returns the packets that may be written now, each with its
+    payload as it should be written (same length, secret bytes set to ``*``).
 
     Frames are found with the one :class:`FrameDecoder` and the secrets with
-    :func:`dissect` (its ``secrets`` spans).  A packet that holds part of a
-    SASL request not yet complete is held back until the frame completes
-    (the client waits for the answer, so nothing is reordered); every other
-    packet is written at once.
+    :func:`dissect` (its ``secrets`` spans, kept as stream offsets).  A packet
+    that holds part of a SASL request not yet complete is held back until
+    the frame completes; every other packet is released at once, masked
+    where it overlaps a known secret span.  ``at`` may be below
+    :attr:`offset` (a retransmission: only its new tail is decoded, its old
+    bytes are masked by the spans already known, and it is held with the
+    frame when it reaches into an unfinished SASL request).
+
+    Bounded: only an unfinished SASL request is held (one whose declared body
+    exceeds ``hold_limit`` is masked whole instead); :meth:`give_up` releases
+    what is held with everything that may be secret masked; :meth:`gap`
+    reports bytes that will never be seen.  A stream that does not start on a
+    frame boundary (``aligned=False``) or continues after a gap is *blind*
+    until the decoder finds a frame again: those bytes (which may be the body
+    of a SASL request whose header was not seen) are masked.
     """
 
-    def __init__(self) -> None:
-        self.decoder = FrameDecoder()
-        self.pending: list[tuple[int, list[Any]]] = []  # (stream offset, packet as a list: payload at [6])
-        self.offset = 0
+    def __init__(self, *, aligned: bool = True, hold_limit: int = HOLD_LIMIT) -> None:
+        self.decoder = FrameDecoder(aligned=aligned)
+        self.hold_limit = hold_limit
+        self.offset = 0  # stream bytes decoded so far
+        self.pending: list[list[Any]] = []  # [stream offset, item, payload bytearray], held back
+        self.spans: list[tuple[int, int]] = []  # [start, end) of secret bytes, stream offsets
+        self.forgotten = 0  # bytes below this may hold the secret of a span no longer kept
+        self.blind_from: int | None = None if aligned else 0
+        self.sasl_from: int | None = None  # start of the unfinished SASL request held back
+        self._covered: int | None = None  # a SASL request whose whole body is already a secret span
 
-    def add(self, packet: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        payload: bytes = packet[6]
-        self.pending.append((self.offset, list(packet)))
-        self.offset += len(payload)
-        for ev in self.decoder.feed(payload):
-            if isinstance(ev, Frame) and ev.dialect == "mcbp" and ev.opcode in _SASL_REQUESTS and not ev.is_response:
-                for off, n in dissect(ev).secrets:
-                    self._mask(ev.offset + off, n)
-        start = self.decoder.offset - self.decoder.buffered  # the first byte of the unfinished frame
-        if self.decoder.buffered and self._sasl_at(start):
-            # hold the unfinished SASL frame's packets (its first two bytes, magic and opcode, may
-            # already be out: a secret starts after the 24-byte header)
-            return self._release(start)
-        return self._release(self.offset)
+    @property
+    def held(self) -> int:
+        """Payload bytes held back."""
+        return sum(len(p[2]) for p in self.pending)
 
-    def _release(self, upto: int) -> list[tuple[Any, ...]]:
-        out = [tuple(p) for o, p in self.pending if o + len(p[6]) <= upto]
-        self.pending = [(o, p) for o, p in self.pending if o + len(p[6]) > upto]
+    def add(self, item: T, payload: bytes, at: int | None = None) -> list[tuple[T, bytes]]:
+        """One packet whose payload starts at stream offset ``at`` (default: :attr:`offset`, the next byte)."""
+        at = self.offset if at is None else at
+        if not 0 <= at <= self.offset:
+            raise ValueError(f"payload at {at} is not placeable (stream offset {self.offset})")
+        self.pending.append([at, item, bytearray(payload)])
+        new = at + len(payload) - self.offset
+        if new > 0:
+            for ev in self.decoder.feed(payload[len(payload) - new :]):
+                if not isinstance(ev, Frame):
+                    continue
+                if self.blind_from is not None:  # in sync again: what came before may be a secret's tail
+                    self._secret(self.blind_from, ev.offset)
+                    self.blind_from = None
+                if ev.dialect == "mcbp" and ev.opcode in _SASL_REQUESTS and not ev.is_response:
+                    for off, n in dissect(ev).secrets:
+                        self._secret(ev.offset + off, ev.offset + off + n)
+            self.offset = self.decoder.offset
+        return self._settle()
+
+    def gap(self, length: int) -> list[tuple[T, bytes]]:
+        """``length`` bytes of the stream will never be seen: the unfinished SASL request is masked and released."""
+        if length <= 0:
+            return []
+        self._abandon(0)
+        self.decoder.feed_gap(length)
+        self.offset = self.decoder.offset
+        self.blind_from = self.offset
+        return self._settle()
+
+    def give_up(self) -> list[tuple[T, bytes]]:
+        """Release everything held: the unfinished SASL request's body (and blind bytes) masked, now and later."""
+        self._abandon(self.decoder.max_body)
+        return self._release(None)
+
+    flush = give_up  # the end of the stream
+
+    def _abandon(self, unknown_body: int) -> None:
+        if self.sasl_from is not None:
+            start, inc = self.sasl_from, self.decoder.incomplete
+            head = inc[1] if inc is not None and inc[0] == start else b""
+            body = int.from_bytes(head[8:12], "big") if len(head) >= 24 else unknown_body
+            self._secret(start + 24, max(self.offset, start + 24 + body))  # the header is kept: no secret there
+            self._covered = start
+            self.sasl_from = None
+        if self.blind_from is not None:
+            self._secret(self.blind_from, self.offset)
+            self.blind_from = self.offset
+
+    def _settle(self) -> list[tuple[T, bytes]]:
+        self.sasl_from = None
+        inc = self.decoder.incomplete
+        if inc is not None:
+            start, head = inc
+            # with only the magic byte seen, the packets so far hold no secret (it starts after the header)
+            if len(head) >= 2 and head[0] in _REQUEST_MAGICS and head[1] in _SASL_REQUESTS and start != self._covered:
+                body = int.from_bytes(head[8:12], "big") if len(head) >= 24 else 0
+                if body > self.hold_limit:
+                    self._secret(start + 24, start + 24 + body)
+                    self._covered = start
+                else:
+                    self.sasl_from = start
+        if self.blind_from is not None and self.offset - self.blind_from > self.hold_limit:
+            self._secret(self.blind_from, self.offset)
+            self.blind_from = self.offset
+        marks = [m for m in (self.sasl_from, self.blind_from) if m is not None]
+        return self._release(min(marks) if marks else None)
+
+    def _secret(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        self.spans.append((start, end))
+        if len(self.spans) > SPANS_KEPT:
+            self.forgotten = max(self.forgotten, self.spans.pop(0)[1])
+
+    def _release(self, upto: int | None) -> list[tuple[T, bytes]]:
+        """The held packets that end at or before ``upto`` (all with ``None``), masked."""
+        out: list[tuple[T, bytes]] = []
+        keep: list[list[Any]] = []
+        for p in self.pending:
+            at, buf = p[0], p[2]
+            if upto is not None and at + len(buf) > upto:
+                keep.append(p)
+                continue
+            end = at + len(buf)
+            for a, b in self.spans:
+                if a < end and at < b:
+                    lo, hi = max(a, at) - at, min(b, end) - at
+                    buf[lo:hi] = b"*" * (hi - lo)
+            if at < self.forgotten:
+                hi = min(self.forgotten, end) - at
+                buf[:hi] = b"*" * hi
+            out.append((p[1], bytes(buf)))
+        self.pending = keep
         return out
-
-    def _byte(self, at: int) -> int | None:
-        for o, p in self.pending:
-            if o <= at < o + len(p[6]):
-                return int(p[6][at - o])
-        return None
-
-    def _sasl_at(self, start: int) -> bool | None:
-        """Whether the frame starting at ``start`` is a SASL request (None: too few bytes to tell)."""
-        magic, opcode = self._byte(start), self._byte(start + 1)
-        if magic is None or opcode is None:
-            return None
-        return magic in (0x80, 0x08) and opcode in _SASL_REQUESTS
-
-    def _mask(self, at: int, n: int) -> None:
-        for i, (o, p) in enumerate(self.pending):
-            payload = p[6]
-            a, b = max(at, o), min(at + n, o + len(payload))
-            if a < b:
-                buf = bytearray(payload)
-                buf[a - o : b - o] = b"*" * (b - a)
-                p[6] = bytes(buf)
-                self.pending[i] = (o, p)
-
-    def flush(self) -> list[tuple[Any, ...]]:
-        """Everything still held (the connection ended inside a SASL frame): masked from its first byte on."""
-        start = self.decoder.offset - self.decoder.buffered
-        if self.decoder.buffered:
-            self._mask(start + 24, self.offset - start - 24)  # header kept, body hidden: it may hold the secret
-        return self._release(self.offset)

@@ -16,7 +16,7 @@ from collections import Counter
 
 from .flows import Segment
 
-__all__ = ["LINKTYPES", "parse_packet"]
+__all__ = ["LINKTYPES", "locate_segment", "parse_packet"]
 
 #: supported link types (pcap LINKTYPE_ values)
 LINKTYPES = {
@@ -71,6 +71,18 @@ def _network(linktype: int, data: bytes) -> tuple[int, int] | str:
 
 def parse_packet(linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str]) -> Segment | None:
     """One captured packet -> a TCP segment, or ``None`` (the reason counted in ``skipped``)."""
+    found = locate_segment(linktype, data, wirelen, ts, packet, file, skipped)
+    return None if found is None else found[0]
+
+
+def locate_segment(
+    linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str]
+) -> tuple[Segment, int, int] | None:
+    """:func:`parse_packet`, with where the TCP header and its payload start in ``data``.
+
+    Returns ``(segment, tcp_offset, payload_offset)``: ``segment.payload`` is
+    ``data[payload_offset : payload_offset + len(segment.payload)]``.
+    """
     net = _network(linktype, data)
     if isinstance(net, str):
         skipped[net] += 1
@@ -132,4 +144,4 @@ def parse_packet(linktype: int, data: bytes, wirelen: int, ts: int, packet: int,
     have_end = min(ip_end, len(data))
     payload = data[start:have_end] if start < have_end else b""
     missing = max(0, ip_end - max(have_end, start))
-    return Segment(ts, src, sport, dst, dport, seq, flags, payload, missing, packet, file)
+    return Segment(ts, src, sport, dst, dport, seq, flags, payload, missing, packet, file), tcp, start

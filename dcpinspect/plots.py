@@ -359,10 +359,11 @@ def plot_branches(
     at), in order of first sight; a branch runs from its seqno to where a newer
     branch takes over (or to the highest seqno seen), forks are drawn as
     vertical links, branches a later log no longer had are dashed and end in
-    an ``x``.  Each stream request on the vbucket is a resume point on the lane
+    an ``x``; where a consumer resumed on a branch past the point a newer
+    branch forked off, that lost history is dotted (``lost:UUID``).  Each stream request on the vbucket is a resume point on the lane
     of the uuid it sent (a lane of its own, ``uuid in no log seen``, when the uuid is
-    in no log seen); each rollback is a ``v`` at its target, linked to its
-    request.
+    in no log seen; uuid 0, "no history", on the branch holding its start
+    seqno); each rollback is a ``v`` at its target, linked to its request.
 
     Without ``vbucket`` every vbucket with a branch or a stream is drawn (up to
     ``max_vbuckets``, one axes each; an ``ax`` takes only one).  Artists:
@@ -408,6 +409,11 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
         _tag(line, [b.first_frame], f"branch:{b.uuid:x}")
         if b.cut_frame is not None:
             a.plot([seq(end)], [b.order], marker="x", color=colour, markersize=9)
+        # history a consumer had on this branch past where a newer branch forked off: lost in the failover
+        tail = max((at.start for _s, at in attempts if at.uuid == b.uuid), default=end)
+        if tail > end:
+            (lost,) = a.plot([seq(end), seq(tail)], [b.order, b.order], linestyle=":", color=colour, linewidth=2)
+            lost.set_gid(f"lost:{b.uuid:x}")
         parents = [o for o in branches if o.uuid != b.uuid and o.seqno <= b.seqno and o.cut_frame is None and o.order != b.order]
         parent = max(parents, key=lambda o: (o.seqno, -o.order), default=None)
         if parent is not None:
@@ -415,6 +421,10 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
     rx, ry, rf, tx, ty, tf = [], [], [], [], [], []
     for _s, at in attempts:
         y = lane.get(at.uuid)
+        if y is None and at.uuid == 0 and branches:
+            # uuid 0 is "no history" (FACTS §7.3), not an unknown branch: drawn on the branch holding its start seqno
+            on = [b for b in live or branches if b.seqno <= at.start]
+            y = max(on, key=lambda b: (b.seqno, b.order)).order if on else min(branches, key=lambda b: (b.seqno, b.order)).order
         if y is None:
             y = unknown
         rx.append(seq(at.start))
@@ -440,7 +450,7 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
         _tag(sc, tf, f"rollback-target:{vb}")
     ticks = [b.order for b in branches]
     labels = [f"0x{b.uuid:x} @ {seqno_label(b.seqno)}" for b in branches]
-    if any(lane.get(at.uuid) is None for _s, at in attempts):
+    if any(lane.get(at.uuid) is None and not (at.uuid == 0 and branches) for _s, at in attempts):
         ticks.append(unknown)
         labels.append("uuid in no log seen")
     a.set_yticks(ticks, labels, fontsize="small")
@@ -507,6 +517,7 @@ def plot_flow(
     a.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}"))
     _legend(a, theme)
     if len(axes) > 1:
+        axes[1].sharex(a)  # one time axis: a noop lines up with the flow it happened in
         plot_noops(t, ax=axes[1], conn=conn, x=x, clock=clock, theme=theme)
     return fig
 

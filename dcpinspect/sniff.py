@@ -7,7 +7,9 @@ per-packet dissection with scapy layers), filtered in the kernel by a BPF
 :func:`~dcpinspect.packets.parse_packet` into one
 :class:`~dcpinspect.records.Recorder` - the same reassembly, decoding and
 per-connection context as a capture file - and, with ``pcap=``, is written
-as it was received.
+as it was received, except that SASL secrets (PLAIN passwords, SCRAM proofs)
+in client->server payloads are overwritten with ``*`` unless
+``keep_secrets=True`` (see :class:`_PcapMasker`).
 
 On loopback the kernel hands a listen socket every packet twice (once going
 out, once coming in); like libpcap, the outgoing copy is dropped there.
@@ -26,13 +28,15 @@ import struct
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
-from .packets import parse_packet
+from .flows import FIN, RST, SYN, Segment
+from .live import SecretMasker
+from .packets import locate_segment
 from .records import CaptureStats, Record, Recorder
 
 __all__ = ["SniffPermissionError", "Sniffer", "command"]
@@ -43,6 +47,16 @@ _SO_RCVBUFFORCE = 33
 RCVBUF = 64 * 1024 * 1024
 #: bytes read per packet: above loopback's 64 KiB GSO segments, so nothing is cut
 SNAPLEN = 262_144
+#: a client->server segment further than this from the next expected byte cannot be placed: masked whole
+PLACE_WINDOW = 64 * 1024 * 1024
+#: payload bytes of segments that arrived ahead of a hole, held per flow before the hole is declared lost
+AHEAD_LIMIT = 4 * 1024 * 1024
+#: packets held for masking, in bytes, before the oldest holder gives up (its possible secrets masked)
+QUEUE_LIMIT = 16 * 1024 * 1024
+#: capture time a packet may be held for masking before its flow gives up
+HOLD_NS = 2_000_000_000
+#: client->server flows tracked for masking (the oldest gives up beyond)
+MAX_FLOWS = 10_000
 
 
 class SniffPermissionError(PermissionError):
@@ -140,6 +154,205 @@ class _RawPcap:
         self._fh.close()
 
 
+def _sum16(data: bytes) -> int:
+    """Ones' complement sum of ``data`` as big-endian 16-bit words (zero-padded), folded."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f">{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def patch_payload(data: bytearray, tcp: int, start: int, payload: bytes) -> None:
+    """Overwrite the TCP payload at ``data[start:]`` with ``payload`` (same length) and update the TCP checksum.
+
+    The checksum is updated incrementally (RFC 1624) over the 16-bit words that
+    changed (aligned on the TCP header at ``tcp``): a packet whose checksum was
+    valid stays valid, for tshark and any other reader.  A packet captured
+    with its checksum not yet computed (checksum offload: outgoing and
+    loopback packets carry a partial sum) was unverifiable and stays so;
+    tshark does not check TCP checksums by default.
+    """
+    end = start + len(payload)
+    if bytes(data[start:end]) == payload:
+        return
+    lo = tcp + ((start - tcp) & ~1)
+    hi = min(end + ((end - tcp) & 1), len(data))
+    old = _sum16(bytes(data[lo:hi]))
+    data[start:end] = payload
+    new = _sum16(bytes(data[lo:hi]))
+    csum = struct.unpack_from(">H", data, tcp + 16)[0]
+    acc = (~csum & 0xFFFF) + (~old & 0xFFFF) + new
+    while acc >> 16:
+        acc = (acc & 0xFFFF) + (acc >> 16)
+    struct.pack_into(">H", data, tcp + 16, ~acc & 0xFFFF)
+
+
+class _Out:
+    """A packet waiting to be written (``ready`` once its payload is masked)."""
+
+    __slots__ = ("data", "flow", "ready", "start", "tcp", "ts", "wirelen")
+
+    def __init__(self, ts: int, data: bytes, wirelen: int, tcp: int, start: int) -> None:
+        self.ts = ts
+        self.data = bytearray(data)
+        self.wirelen = wirelen
+        self.tcp = tcp
+        self.start = start
+        self.ready = False
+        self.flow: _Flow | None = None
+
+
+class _Flow:
+    """One client->server direction: stream offset 0 is sequence number ``base``."""
+
+    def __init__(self, base: int, *, aligned: bool) -> None:
+        self.base = base & 0xFFFFFFFF
+        self.masker: SecretMasker[_Out] = SecretMasker(aligned=aligned)
+        self.ahead: list[tuple[int, _Out, bytes]] = []  # segments past a hole: (stream offset, packet, payload)
+        self.ahead_bytes = 0
+
+
+class _PcapMasker:
+    """The sniffer's pcap writer with SASL secrets masked: packets are written in capture order.
+
+    Client->server payloads (destination port one of the server ports) go,
+    per flow, through the :class:`~dcpinspect.live.SecretMasker` the proxy
+    and client captures use, placed by sequence number: stream offset 0 is
+    the byte after the SYN (or, for a connection already open when the
+    capture started, the first payload byte seen - the stream is then blind,
+    masked, until a frame boundary is found).  Secret bytes are overwritten
+    in the raw packet in place (same length) and the TCP checksum updated.
+
+    Segments that are not the next expected byte never leak a secret:
+
+    * a retransmission (or an overlap) is masked with the secret spans
+      already known for those bytes, and held back with the SASL request
+      when it reaches into one that is not complete yet;
+    * a segment past a hole is held until the hole fills; when it does not
+      (:data:`AHEAD_LIMIT` bytes held, the flow ends, or the wait is too
+      long) the hole is declared lost: an unfinished SASL request is masked
+      (header kept), and what follows the hole is masked until the decoder
+      finds a frame boundary again;
+    * a segment that cannot be placed (further than :data:`PLACE_WINDOW`
+      from the next expected byte, or before the stream's start) has its
+      whole payload masked.
+
+    Only packets of an unfinished SASL request (or of a hole) are held, and
+    everything behind them in the file waits, so the file keeps the capture
+    order.  Memory and delay are bounded: beyond :data:`QUEUE_LIMIT` bytes
+    held or :data:`HOLD_NS` of capture time the oldest holder gives up (its
+    possible secrets masked, now and when the rest of the frame arrives).
+    """
+
+    def __init__(self, writer: _RawPcap, ports: frozenset[int]) -> None:
+        self.writer = writer
+        self.ports = ports
+        self.queue: deque[_Out] = deque()
+        self.queued = 0
+        self.flows: dict[tuple[str, int, str, int], _Flow] = {}
+
+    def write(self, seg: Segment, ts: int, data: bytes, wirelen: int, tcp: int, start: int) -> None:
+        out = _Out(ts, data, wirelen, tcp, start)
+        self.queue.append(out)
+        self.queued += len(data)
+        if seg.dport in self.ports:
+            self._client(seg, out)
+        else:
+            out.ready = True  # server->client: no secrets
+        self._drain(ts)
+
+    def close(self) -> None:
+        for key in list(self.flows):
+            self._finish(key)
+        self._drain(None, force=True)
+        self.writer.close()
+
+    def _client(self, seg: Segment, out: _Out) -> None:
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
+        flow = self.flows.get(key)
+        syn = 1 if seg.flags & SYN else 0
+        if syn and (flow is None or flow.base != (seg.seq + 1) & 0xFFFFFFFF):  # a new connection (not a SYN retransmitted)
+            if flow is not None:
+                self._finish(key)
+            flow = self.flows[key] = _Flow(seg.seq + 1, aligned=True)
+        elif flow is None and seg.payload:  # joined mid-connection
+            flow = self.flows[key] = _Flow(seg.seq, aligned=False)
+        if flow is None or not seg.payload:
+            out.ready = True
+        else:
+            self._place(flow, out, seg.seq + syn, seg.payload, seg.missing)
+        if flow is not None and seg.flags & (FIN | RST):
+            self._finish(key)
+        if len(self.flows) > MAX_FLOWS:
+            self._finish(next(iter(self.flows)))
+
+    def _place(self, flow: _Flow, out: _Out, seq: int, payload: bytes, missing: int = 0) -> None:
+        m = flow.masker
+        rel = ((seq - flow.base - m.offset + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)  # from the next expected byte
+        at = m.offset + rel
+        if at < 0 or abs(rel) > PLACE_WINDOW:
+            self._released([(out, b"*" * len(payload))])
+            return
+        out.flow = flow
+        if rel > 0:
+            flow.ahead.append((at, out, payload))
+            flow.ahead_bytes += len(payload)
+            if flow.ahead_bytes > AHEAD_LIMIT:
+                self._skip_hole(flow)
+            return
+        self._released(m.add(out, payload, at))
+        if missing and m.offset == at + len(payload):  # the capture cut this segment (snap length): its tail is lost
+            self._released(m.gap(missing))
+        self._catch_up(flow)
+
+    def _catch_up(self, flow: _Flow) -> None:
+        flow.ahead.sort(key=lambda a: a[0])
+        while flow.ahead and flow.ahead[0][0] <= flow.masker.offset:
+            at, out, payload = flow.ahead.pop(0)
+            flow.ahead_bytes -= len(payload)
+            self._released(flow.masker.add(out, payload, at))
+
+    def _skip_hole(self, flow: _Flow) -> None:
+        """The bytes up to the first segment held past the hole are lost to this capture."""
+        if flow.ahead:
+            first = min(a for a, _, _ in flow.ahead)
+            self._released(flow.masker.gap(first - flow.masker.offset))
+            self._catch_up(flow)
+
+    def _give_up(self, flow: _Flow) -> None:
+        while flow.ahead:
+            self._skip_hole(flow)
+        self._released(flow.masker.give_up())
+
+    def _finish(self, key: tuple[str, int, str, int]) -> None:
+        self._give_up(self.flows.pop(key))
+
+    def _released(self, packets: list[tuple[_Out, bytes]]) -> None:
+        for out, payload in packets:
+            patch_payload(out.data, out.tcp, out.start, payload)
+            out.ready = True
+            out.flow = None
+
+    def _drain(self, now: int | None, *, force: bool = False) -> None:
+        q = self.queue
+        while q:
+            out = q[0]
+            if not out.ready:
+                late = now is not None and now - out.ts > HOLD_NS
+                if not (force or late or self.queued > QUEUE_LIMIT):
+                    return
+                if out.flow is not None:
+                    self._give_up(out.flow)
+                if not out.ready:  # cannot happen (every held packet belongs to a flow): never write it unmasked
+                    patch_payload(out.data, out.tcp, out.start, b"*" * (len(out.data) - out.start))
+                    out.ready = True
+            q.popleft()
+            self.queued -= len(out.data)
+            self.writer.write(out.ts, bytes(out.data), out.wirelen)
+
+
 class Sniffer:
     """Sniff ``iface`` for memcached-binary traffic on ``ports``; records as they complete.
 
@@ -151,6 +364,10 @@ class Sniffer:
             it records are kept in :attr:`records`.
         count: stop after this many TCP segments of those ports (0: no limit).
         reveal_secrets: records' contexts show SASL secrets.
+        keep_secrets: write SASL passwords and SCRAM proofs into the pcap as
+            captured; by default their bytes are overwritten with ``*`` in the
+            file (same length, TCP checksum updated; see :class:`_PcapMasker`).
+            The records always hold the bytes as captured.
 
     ``start()`` / ``stop()`` (or ``with Sniffer(...) as s:``); ``stop()``
     emits the records still held and closes the pcap.  Raises
@@ -166,6 +383,7 @@ class Sniffer:
         on_record: Callable[[Record], None] | None = None,
         count: int = 0,
         reveal_secrets: bool = False,
+        keep_secrets: bool = False,
         label: str | None = None,
     ) -> None:
         self.iface = iface
@@ -173,6 +391,7 @@ class Sniffer:
         self.pcap = pcap
         self.on_record = on_record
         self.count = count
+        self.keep_secrets = keep_secrets
         self.file = label or (str(pcap) if pcap is not None else f"sniff:{iface}")
         self.stats = CaptureStats()
         self.recorder = Recorder(server_ports=self.ports, detect=False, stats=self.stats, reveal_secrets=reveal_secrets)
@@ -183,6 +402,7 @@ class Sniffer:
         self.done = threading.Event()  # set when ``count`` segments were seen
         self._lock = threading.Lock()
         self._writer: _RawPcap | None = None
+        self._masker: _PcapMasker | None = None
         self._sniffer: Any = None
         self._sock: Any = None
         self._closed = False
@@ -196,6 +416,8 @@ class Sniffer:
         self.linktype = _linktype(self._sock)
         if self.pcap is not None:
             self._writer = _RawPcap(self.pcap, self.linktype)
+            if not self.keep_secrets:
+                self._masker = _PcapMasker(self._writer, self.ports)
         started = threading.Event()
         self._sniffer = AsyncSniffer(opened_socket=self._sock, prn=self._packet, store=False, started_callback=started.set)
         self._sniffer.start()
@@ -209,11 +431,17 @@ class Sniffer:
             if self._closed:
                 return
             self.packets += 1
-            seg = parse_packet(self.linktype, data, getattr(pkt, "wirelen", len(data)), ts, self.packets, self.file, self.skipped)
-            if seg is None or (seg.sport not in self.ports and seg.dport not in self.ports):
+            wirelen = getattr(pkt, "wirelen", len(data))
+            found = locate_segment(self.linktype, data, wirelen, ts, self.packets, self.file, self.skipped)
+            if found is None:
                 return
-            if self._writer is not None:
-                self._writer.write(ts, data, getattr(pkt, "wirelen", len(data)))
+            seg, tcp, start = found
+            if seg.sport not in self.ports and seg.dport not in self.ports:
+                return
+            if self._masker is not None:
+                self._masker.write(seg, ts, data, wirelen, tcp, start)
+            elif self._writer is not None:
+                self._writer.write(ts, data, wirelen)
             self.segments += 1
             self._emit(self.recorder.feed(seg._replace(packet=self.segments)))
             if self.count and self.segments >= self.count:
@@ -241,7 +469,9 @@ class Sniffer:
                 return
             self._closed = True
             self._emit(self.recorder.close())
-            if self._writer is not None:
+            if self._masker is not None:
+                self._masker.close()
+            elif self._writer is not None:
                 self._writer.close()
 
     def __enter__(self) -> Sniffer:
@@ -255,16 +485,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dcpinspect sniff", description="Decode memcached-binary/DCP traffic live from an interface.")
     p.add_argument("--iface", default="lo", help="interface (default lo)")
     p.add_argument("--port", type=int, action="append", help="server port (repeatable; default 11210)")
-    p.add_argument("--pcap", metavar="OUT", help="also write the raw packets to this pcap")
+    p.add_argument("--pcap", metavar="OUT", help="also write the raw packets to this pcap (SASL secrets masked)")
     p.add_argument("--count", type=int, default=0, help="stop after N TCP segments of those ports")
     p.add_argument("--timeout", type=float, help="stop after S seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per record (the columns of `frames --json`)")
     p.add_argument("--reveal-secrets", action="store_true", help="show SASL secrets")
+    p.add_argument("--keep-secrets", action="store_true", help="write SASL secrets into the pcap unmasked")
     return p
 
 
 def command(argv: list[str], *, out: TextIO) -> int:
-    """``dcpinspect sniff --iface lo --port 11210 [--pcap OUT] [--count N] [--timeout S] [--json]``.
+    """``dcpinspect sniff --iface lo --port 11210 [--pcap OUT [--keep-secrets]] [--count N] [--timeout S] [--json]``.
 
     Prints one line per record (as ``dcpinspect proxy`` does) until ``--count``
     segments, ``--timeout`` seconds, SIGINT or SIGTERM.  Without root or
@@ -290,7 +521,15 @@ def command(argv: list[str], *, out: TextIO) -> int:
         with lock:
             pending.append(rec)
 
-    sniffer = Sniffer(args.iface, ports, pcap=args.pcap, on_record=add, count=args.count, reveal_secrets=args.reveal_secrets)
+    sniffer = Sniffer(
+        args.iface,
+        ports,
+        pcap=args.pcap,
+        on_record=add,
+        count=args.count,
+        reveal_secrets=args.reveal_secrets,
+        keep_secrets=args.keep_secrets,
+    )
     try:
         sniffer.start()
     except SniffPermissionError as exc:

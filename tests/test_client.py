@@ -449,3 +449,32 @@ def test_simulator_cli_to_latest_json_exits_0(tmp_path: Path) -> None:
     assert sum(r["name"] == "DCP_STREAM_END" for r in rows) == 4
     assert all(not r["problems"] for r in rows)
     assert len(list(read_records([str(tmp_path / "sim.pcap")]))) == len(rows)
+
+
+def test_simulator_held_acks_stall_the_stream_until_released() -> None:
+    """hold_acks: the window fills and the producer stops (FACTS §7.5); releasing sends the ack and the stream ends OK."""
+    s = _sim()
+
+    async def main() -> None:
+        await s.start()
+        try:
+            evs: list[ConsumerEvent] = []
+            client = DcpClient(s.host, s.port, config(vbuckets=(0,), buffer_size=1024), on_event=evs.append, hold_acks=True, tick=0.02)
+            await client.start()
+            for _ in range(300):
+                c = client.consumer
+                if c is not None and c.unacked >= 1024:
+                    break
+                await asyncio.sleep(0.01)
+            assert client.consumer is not None and client.consumer.hold_acks
+            await asyncio.sleep(0.2)
+            stalled = client.consumer.streams[0].position.seqno
+            assert stalled < s.bucket.vbuckets[0].high_seqno and not any(e.kind == "buffer_ack" for e in evs)
+            client.hold_acks = False
+            state = await client.wait()
+            assert state.vbuckets[0].seqno == s.bucket.vbuckets[0].high_seqno
+            assert any(e.kind == "buffer_ack" for e in evs)
+        finally:
+            await s.stop()
+
+    run(main())

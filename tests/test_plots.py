@@ -92,9 +92,27 @@ def test_branches() -> None:
     assert points(target) == 1 and target.get_offsets()[0][0] == 12
     labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
     assert any(lab.startswith("0xea7b5bf55eb561a5") for lab in labels)
+    # the resume at 15 on the branch that forked at 12: 12..15 was lost in the failover
+    (lost,) = by_gid(fig, "lost:")
+    assert list(lost.get_xdata()) == [12, 15]
     # every vbucket, one axes each
     t4 = timeline("live-plain.pcap")
     assert len(plots.plot_branches(t4).axes) == 4
+
+
+def test_branches_fresh_start_uuid_0_is_not_an_unknown_branch() -> None:
+    # uuid 0 means "no history" (FACTS §7.3): the request from 0 sits on the branch holding seqno 0
+    t = timeline("live-purge-rollback.pcap")
+    fig = plots.plot_branches(t, 0)
+    labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
+    assert "uuid in no log seen" not in labels and len(labels) == len(t.branches[0])
+    (resume,) = by_gid(fig, "resume:0")
+    zero = [y for x, y in resume.get_offsets() if x == 0]
+    base = min(t.branches[0], key=lambda b: b.seqno).order
+    assert zero and all(y == base for y in zero)
+    # a uuid no log ever held still gets its own lane (a resume state from another node's history)
+    seed = plots.plot_branches(timeline("live-rollback-retry.pcap"), 0)
+    assert "uuid in no log seen" in [tl.get_text() for tl in seed.axes[0].get_yticklabels()]
 
 
 def test_seed_branches_unordered_log() -> None:
@@ -114,7 +132,8 @@ def test_flow_and_noops() -> None:
     assert sum(points(a) for a in acks) == sum(f.event == "ack" for f in t.flow)
     s = timeline("dcp-session.pcap")
     fig2 = plots.plot_flow(s)
-    assert len(fig2.axes) == 2  # noops below
+    assert len(fig2.axes) == 2  # noops below, on the same time axis
+    assert fig2.axes[1].get_shared_x_axes().joined(fig2.axes[0], fig2.axes[1])
     (noops,) = by_gid(fig2, "noops:")
     assert points(noops) == len(s.noops) == 1
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from test_proxy import LOOP, requests, responses, run, send_chunks
 
-from dcpinspect import dissect
+from dcpinspect import dissect, encode
 from dcpinspect.proxy import TapProxy
 from dcpinspect.records import Record, read_records
 
@@ -222,3 +224,224 @@ def _runs_as_nobody(uid: int, gid: int) -> bool:
     except (OSError, subprocess.CalledProcessError):
         return False
     return True
+
+
+# --- the pcap's SASL masking, on hand-made raw packets (no socket) ------------------------------------------
+
+CLIENT, SERVER = ("10.0.0.1", 40000), ("10.0.0.2", 11210)
+
+
+def _csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f">{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _raw(seq: int, payload: bytes = b"", flags: int = 0x18, *, c2s: bool = True) -> bytes:
+    """An Ethernet/IPv4/TCP packet with valid IP and TCP checksums."""
+    (src, sport), (dst, dport) = (CLIENT, SERVER) if c2s else (SERVER, CLIENT)
+    s, d = socket.inet_aton(src), socket.inet_aton(dst)
+    tcp = struct.pack(">HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, 0, 0x50, flags, 65535, 0, 0) + payload
+    tcp = tcp[:16] + struct.pack(">H", _csum(s + d + struct.pack(">BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0x4000, 64, 6, 0, s, d)
+    ip = ip[:10] + struct.pack(">H", _csum(ip)) + ip[12:]
+    return b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + ip + tcp
+
+
+def _tcp_ok(raw: bytes) -> bool:
+    ip = raw[14:34]
+    tcp = raw[34:]
+    return _csum(ip[12:20] + struct.pack(">BBH", 0, 6, len(tcp)) + tcp) == 0
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.packets: list[bytes] = []
+
+    def write(self, ts: int, data: bytes, wirelen: int) -> None:
+        self.packets.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+class _Wire:
+    """Feeds hand-made packets through the sniffer's pcap masker, as the sniffer does."""
+
+    def __init__(self) -> None:
+        from dcpinspect.sniff import _PcapMasker
+
+        self.out = _Collect()
+        self.masker = _PcapMasker(self.out, frozenset({SERVER[1]}))  # type: ignore[arg-type]
+        self.ts = 0
+
+    def send(self, raw: bytes, cut: int = 0) -> None:
+        from dcpinspect.packets import locate_segment
+
+        self.ts += 1000
+        data = raw[: len(raw) - cut]  # the capture kept only this much (snap length)
+        found = locate_segment(1, data, len(raw), self.ts, 0, "t", Counter())
+        assert found is not None
+        seg, tcp, start = found
+        self.masker.write(seg, self.ts, data, len(raw), tcp, start)
+
+    def payloads(self) -> bytes:
+        return b"".join(p[54:] for p in self.out.packets)
+
+
+ISN = 1000
+AUTH = encode("SASL_AUTH", key="PLAIN", value=b"\x00bob\x00hunter2-secret", opaque=1)
+NOOP = encode("NOOP", opaque=2)
+MASKED = AUTH.replace(b"hunter2-secret", b"*" * 14)
+
+
+def _start(w: _Wire) -> None:
+    w.send(_raw(ISN, flags=0x02))  # SYN
+    w.send(_raw(5000, flags=0x12, c2s=False))  # SYN-ACK
+
+
+def test_masker_sasl_frame_split_across_two_segments_and_retransmitted() -> None:
+    w = _Wire()
+    _start(w)
+    cut = len(AUTH) - 8  # the password is split: "hunter2-se" | "cret"
+    one, two = _raw(ISN + 1, AUTH[:cut]), _raw(ISN + 1 + cut, AUTH[cut:] + NOOP)
+    w.send(one)
+    assert len(w.out.packets) == 2  # the unfinished SASL request is held back
+    w.send(one)  # retransmitted while held: held too
+    w.send(_raw(5001, flags=0x10, c2s=False))  # the server's ACK waits behind it (the file keeps the capture order)
+    assert len(w.out.packets) == 2
+    w.send(two)
+    w.send(two)  # retransmitted after the frame completed: masked with the spans known
+    w.send(_raw(ISN + 1 + cut - 4, AUTH[cut - 4 :]))  # an overlapping retransmission
+    w.send(_raw(5001, encode("SASL_AUTH", response=True, opaque=1), c2s=False))
+    w.masker.close()
+    pk = w.out.packets
+    assert len(pk) == 9
+    assert [p[54:] for p in pk[2:4]] == [MASKED[:cut]] * 2
+    assert pk[4] == _raw(5001, flags=0x10, c2s=False)
+    assert [p[54:] for p in pk[5:7]] == [MASKED[cut:] + NOOP] * 2
+    assert pk[7][54:] == MASKED[cut - 4 :]
+    assert b"cret" not in b"".join(pk) and b"hunter" not in b"".join(pk)
+    assert all(_tcp_ok(p) for p in pk)  # checksums updated, not just left stale
+    assert all(len(a) == len(b) for a, b in zip(pk, [pk[0], pk[1], one, one, pk[4], two, two, pk[7], pk[8]], strict=True))
+
+
+def test_masker_out_of_order_and_lost_segments() -> None:
+    w = _Wire()
+    _start(w)
+    a, b, c = AUTH[:30], AUTH[30:40], AUTH[40:]
+    w.send(_raw(ISN + 1 + 40, c))  # arrives first: held until the hole fills
+    w.send(_raw(ISN + 1, a))
+    assert len(w.out.packets) == 2
+    w.send(_raw(ISN + 1 + 30, b))
+    w.send(_raw(ISN + 1 + len(AUTH), NOOP))
+    w.masker.close()
+    assert [p[54:] for p in w.out.packets[2:]] == [MASKED[40:], MASKED[:30], MASKED[30:40], NOOP]
+    assert all(_tcp_ok(p) for p in w.out.packets)
+
+    # the middle segment never comes: the hole is declared lost, the unfinished request masked (header kept)
+    w = _Wire()
+    _start(w)
+    w.send(_raw(ISN + 1, AUTH[:30]))
+    w.send(_raw(ISN + 1 + 40, AUTH[40:]))
+    w.masker.close()
+    got = [p[54:] for p in w.out.packets[2:]]
+    assert got == [AUTH[:24] + b"*" * 6, b"*" * (len(AUTH) - 40)]
+    assert all(_tcp_ok(p) for p in w.out.packets)
+
+    # a packet cut by the snap length inside the request: its lost tail is a hole too
+    w = _Wire()
+    _start(w)
+    w.send(_raw(ISN + 1, AUTH), cut=5)
+    w.send(_raw(ISN + 1 + len(AUTH), NOOP))
+    assert [p[54:] for p in w.out.packets[2:]] == [AUTH[:24] + b"*" * (len(AUTH) - 29), NOOP]  # in sync again at once
+
+
+def test_masker_unplaceable_midstream_oversized_and_server_side() -> None:
+    w = _Wire()
+    # joined mid-connection: blind until a frame boundary (the tail before it may be a secret's)
+    tail = b"\x00bob\x00pw"
+    w.send(_raw(7000, tail + NOOP))
+    w.send(_raw(7000 + len(tail) + len(NOOP), AUTH))
+    w.send(_raw(7000 + (1 << 28), b"far away"))  # cannot be placed: masked whole
+    w.send(_raw(5000, b"\x00bob\x00pw", c2s=False))  # server->client bytes are never touched
+    w.masker.close()
+    got = [p[54:] for p in w.out.packets]
+    assert got == [b"*" * len(tail) + NOOP, MASKED, b"*" * 8, tail]
+
+    # a SASL request declaring a body beyond the hold limit is not held: its body is masked as it passes
+    from dcpinspect.live import HOLD_LIMIT
+
+    w = _Wire()
+    _start(w)
+    header = bytearray(AUTH[:24])
+    struct.pack_into(">I", header, 8, HOLD_LIMIT + 10)
+    w.send(_raw(ISN + 1, bytes(header) + b"PLAIN" + b"x" * 100))
+    assert len(w.out.packets) == 3
+    assert w.out.packets[2][54:] == bytes(header) + b"*" * 105
+
+
+# --- SASL secrets in the sniffed pcap, for real on lo -----------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("keep", [False, True])
+def test_sniffed_pcap_masks_sasl_plain_and_scram_secrets(tmp_path: Path, keep: bool) -> None:
+    from tshark import TSHARK, tshark_frames
+
+    from dcpinspect.client import run_client
+    from dcpinspect.consumer import ConsumerConfig
+    from dcpinspect.sim import Simulator
+    from dcpinspect.sniff import Sniffer
+
+    password = "s3cret-Pa55word"
+    with socket.socket() as probe:
+        probe.bind((LOOP, 0))
+        port = probe.getsockname()[1]
+    pcap = tmp_path / "sasl.pcap"
+    sniffed: list[Record] = []
+    sim = Simulator(host=LOOP, port=port, bucket="travel", vbuckets=2, items=10, users={"alice": password}, seed=3, tick=0.02)
+
+    async def main() -> None:
+        await sim.start()
+        try:
+            for mech in ("PLAIN", "SCRAM-SHA512"):
+                cfg = ConsumerConfig(bucket="travel", user="alice", password=password, to_latest=True, mechanisms=(mech,))
+                await run_client(LOOP, port, cfg)
+            await asyncio.sleep(0.2)  # FINs on the wire
+        finally:
+            await sim.stop()
+
+    with Sniffer("lo", (port,), pcap=pcap, on_record=sniffed.append, keep_secrets=keep):
+        run(main())
+    sasl = [r.event for r in sniffed if r.event.type == "frame" and r.direction == "c2s" and r.event.name in ("SASL_AUTH", "SASL_STEP")]  # type: ignore[union-attr]
+    assert [e.name for e in sasl] == ["SASL_AUTH", "SASL_AUTH", "SASL_STEP"]  # type: ignore[union-attr]
+    final = sasl[2].value  # type: ignore[union-attr]
+    proof = final[final.index(b"p=") + 2 :]
+    assert len(proof) > 60  # base64 of a SHA-512 proof
+    raw = pcap.read_bytes()
+    assert (password.encode() in raw) == keep and (proof in raw) == keep
+    assert (b"\x00alice\x00" in raw) and b"n=alice" in raw  # only the secrets are masked
+    # the pcap reads back to the same frames, the SASL ones masked (same length)
+    back = list(read_records([str(pcap)], server_ports=[port]))
+    assert [(r.direction, r.event.type, r.packet) for r in back] == [(r.direction, r.event.type, r.packet) for r in sniffed]
+    differ = [(a.event.name, a.event.raw, b.event.raw) for a, b in zip(sniffed, back, strict=True) if a.event.raw != b.event.raw]  # type: ignore[union-attr]
+    if keep:
+        assert differ == []
+    else:
+        assert [d[0] for d in differ] == ["SASL_AUTH", "SASL_STEP"]
+        assert differ[0][2] == differ[0][1].replace(password.encode(), b"*" * len(password))
+        assert differ[1][2] == differ[1][1].replace(proof, b"*" * len(proof))
+    assert [(r.number, dissect(r.event, r.context).problems) for r in back if dissect(r.event, r.context).problems] == []  # type: ignore[arg-type]
+    if TSHARK is not None:  # tshark reads it, PDU for PDU (keys aside: it shows collection-prefixed keys empty)
+        pdus = tshark_frames(pcap, ports=[port])
+        mine = sorted((r for r in back if r.event.type == "frame"), key=lambda r: (r.packet, r.event.offset))  # type: ignore[union-attr]
+        assert [
+            (int(str(p["frame.number"])), int(str(p["couchbase.opcode"]), 16), int(str(p["couchbase.total_bodylength"]))) for p in pdus
+        ] == [
+            (r.packet, r.event.opcode, r.event.body_length)  # type: ignore[union-attr]
+            for r in mine
+        ]
