@@ -113,6 +113,10 @@ def spark_run(paths: list[str], cores: int, split_size: int) -> dict[str, float]
     fr.write.format("noop").mode("overwrite").save()
     out["numbering+write"] = time.perf_counter() - t
     out["frames"] = float(p.raw().filter("_kind = 0").count())
+    t = time.perf_counter()
+    tl = p.timeline(max_items=2000)
+    out["timelines"] = time.perf_counter() - t
+    out["streams"] = float(len(tl.streams))
     out["segments"] = float(nseg)
     out["pipeline"] = out["split+segments"] + out["frames (decode)"] + out["numbering+write"]
     out["total"] = time.perf_counter() - t0
@@ -149,6 +153,13 @@ def main() -> int:
     dt_single = time.perf_counter() - t
     fps_single = single / dt_single
     print(f"single process (read_batches, streamed): {single:,} frames in {dt_single:.1f} s = {fps_single:,.0f} frames/s")
+    from dcpinspect.records import read_records
+    from dcpinspect.timeline import build_timeline
+
+    t = time.perf_counter()
+    build_timeline(read_records([str(p) for p in paths]))
+    dt_tl = time.perf_counter() - t
+    print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
 
     small = min(paths, key=lambda p: p.stat().st_size)
     ts = time_tshark(small)
@@ -168,7 +179,8 @@ def main() -> int:
         fps_total = r["frames"] / r["total"]
         print(
             f"local[{cores}]: session {r['session']:.1f} s, empty job {r['empty_job']:.1f} s, first Python job {r['first_python_job']:.1f} s; "
-            f"split+segments {r['split+segments']:.1f} s, decode {r['frames (decode)']:.1f} s, numbering+write {r['numbering+write']:.1f} s; "
+            f"split+segments {r['split+segments']:.1f} s, decode {r['frames (decode)']:.1f} s, numbering+write {r['numbering+write']:.1f} s, "
+            f"timelines {r['timelines']:.1f} s (single process {dt_tl:.1f} s); "
             f"pipeline {fps:,.0f} frames/s ({fps / fps_single:.2f}x single process), with session {fps_total:,.0f} frames/s "
             f"({fps_total / fps_single:.2f}x){f', {fps / fps_tshark:.1f}x tshark' if fps_tshark else ''}; "
             f"peak RSS tree {r['peak_rss_tree_mb']:.0f} MiB, largest Python worker {r['peak_rss_python_worker_mb']:.0f} MiB"

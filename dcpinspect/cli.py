@@ -452,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("client", "stream from a server as a DCP client"),
         ("proxy", "a byte-exact tap proxy that decodes and records"),
         ("sniff", "capture and decode live from an interface"),
+        ("analyze", "run the captures -> frames -> timelines pipeline on Spark: parquet tables and an HTML report"),
     ):
         sub.add_parser(name, help=f"{what} (see 'dcpinspect {name} --help')", add_help=False)
     return p

@@ -56,6 +56,16 @@ def _label(r: dict[str, Any]) -> str:
     return "  ".join(bits)
 
 
+def _show_any(d: w.Dropdown) -> None:
+    """Show "any" for a dropdown whose value is ``None``.
+
+    ipywidgets maps a ``None`` value to no index, so the browser would show an
+    empty dropdown; index 0 is the ("any", None) option and keeps the value.
+    """
+    if d.value is None and d.options and d.index is None:
+        d.index = 0
+
+
 class _Static:
     """Adds the model's static rendering to a widget's mime bundle."""
 
@@ -156,6 +166,8 @@ class ExplorerView(_Static, w.VBox):
             self.status.value = html.escape(m.summary()) + (f" <b>{html.escape(m.error)}</b>" if m.error else "")
             self.prev_btn.disabled = m.page == 0
             self.next_btn.disabled = m.page >= m.pages - 1
+            for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction):
+                _show_any(d)
         finally:
             self._syncing = False
         if self.plots and what in ("selection", "rows"):
@@ -191,6 +203,7 @@ class ExplorerView(_Static, w.VBox):
         try:
             self.jump.options = [_ANY] + (_key_frames(t.streams[i], t) if i is not None else [])
             self.jump.value = None
+            _show_any(self.jump)
         finally:
             self._syncing = False
 

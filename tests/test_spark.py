@@ -1,11 +1,12 @@
 """The Spark pipeline (dcpinspect.spark) against the single-process path, row for row.
 
-One local SparkSession for the module (its fixed cost is paid once); tiny
+One local SparkSession for the whole run (its fixed cost is paid once); tiny
 captures; tiny split sizes so one file becomes many ranges.
 """
 
 from __future__ import annotations
 
+import html
 import io
 import itertools
 import os
@@ -21,8 +22,10 @@ import pytest
 from pcapfactory import Conn, Msg, write_bad_files, write_capture
 
 from dcpinspect import encode
-from dcpinspect.records import CaptureStats
+from dcpinspect.records import CaptureStats, read_records
 from dcpinspect.tables import frames_table
+from dcpinspect.timeline import build_timeline
+from dcpinspect.timeline_tables import timeline_frames
 
 pytest.importorskip("pyspark")
 if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
@@ -34,10 +37,9 @@ SHIPPED = sorted(str(p) for p in (Path(__file__).parent.parent / "captures").glo
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Any:
-    s = sp.get_session(cores=2)
-    yield s
+    return sp.get_session(cores=2)
 
 
 def conversation(n: int, *, vb: int, opaque: int, collections: bool = False) -> list[Msg]:
@@ -106,9 +108,64 @@ def check(spark: Any, paths: list[str], *, split_size: int, partitions: int) -> 
     return p
 
 
+def check_timelines(p: sp.Pipeline, paths: list[str]) -> None:
+    """Every timeline table of the pipeline equals the single-process one, row for row."""
+    import pandas as pd
+
+    got = p.timeline_tables()
+    want = timeline_frames(build_timeline(read_records(sp.expand_paths(paths))))
+    assert set(got) == set(want)
+    for name in want:
+        pd.testing.assert_frame_equal(got[name], want[name], obj=name)
+
+
 def test_shipped_captures_match_single_process(spark: Any) -> None:
     p = check(spark, SHIPPED, split_size=2048, partitions=3)
     assert p.ranges().count() > len(SHIPPED)  # files were cut into several ranges
+    check_timelines(p, SHIPPED)
+    p.unpersist()
+
+
+def test_timelines_whatever_the_partitions(spark: Any) -> None:
+    p = sp.Pipeline(spark, SHIPPED, split_size=10**9, partitions=1)
+    check_timelines(p, SHIPPED)
+    p.unpersist()
+
+
+def _stream(
+    vb: int, opaque: int, *, start: int, uuid: int, log: list[tuple[int, int]] | None, rollback: int | None, items: int
+) -> list[Msg]:
+    msgs = [
+        Msg("c2s", encode("DCP_OPEN", key=f"c{opaque}", extras={"flags": 1}, opaque=1)),
+        Msg("s2c", encode("DCP_OPEN", response=True, opaque=1)),
+        Msg(
+            "c2s",
+            encode("DCP_STREAM_REQ", vbucket=vb, opaque=opaque, extras={"start_seqno": start, "vb_uuid": uuid, "end_seqno": 2**64 - 1}),
+        ),
+    ]
+    if rollback is not None:
+        msgs.append(Msg("s2c", encode("DCP_STREAM_REQ", response=True, opaque=opaque, status=0x23, value={"rollback_seqno": rollback})))
+        return msgs
+    msgs.append(Msg("s2c", encode("DCP_STREAM_REQ", response=True, opaque=opaque, value=log)))
+    body = encode("DCP_SNAPSHOT_MARKER", vbucket=vb, opaque=opaque, extras={"start_seqno": 1, "end_seqno": items, "flags": 1})
+    for i in range(items):
+        body += encode("DCP_MUTATION", vbucket=vb, opaque=opaque, extras={**MUT, "by_seqno": i + 1}, key=f"k{i}", value=b"v")
+    msgs.append(Msg("s2c", body))
+    return msgs
+
+
+def test_timelines_cross_connection(spark: Any, tmp_path: Path) -> None:
+    """A rollback on one connection is explained from the failover log and seqnos another connection saw."""
+    a = Conn(client=("10.0.0.1", 40001), msgs=_stream(0, 7, start=0, uuid=0, log=[(0xAB, 0)], rollback=None, items=30))
+    b = Conn(client=("10.0.0.2", 40002), msgs=_stream(0, 9, start=90, uuid=0xAB, log=None, rollback=30, items=0))
+    c = Conn(client=("10.0.0.3", 40003), msgs=_stream(0, 11, start=0, uuid=0, log=[(0xCD, 25), (0xAB, 0)], rollback=None, items=3))
+    paths = [str(write_capture(tmp_path / "x.pcap", [a, b, c], mss=200).path)]
+    p = sp.Pipeline(spark, paths, split_size=300, partitions=3)
+    check_timelines(p, paths)
+    t = p.timeline()
+    assert len(t.branches[0]) == 2  # merged from two connections' logs
+    rb = next(at for s in t.streams for at in s.attempts if at.outcome == "rollback")
+    assert not rb.explanation.startswith("cannot replay")  # the other connection's log was used
     p.unpersist()
 
 
@@ -169,14 +226,31 @@ def test_data_source(spark: Any) -> None:
 
 
 def test_analyze_command(spark: Any, tmp_path: Path) -> None:
-    out = io.StringIO()
-    assert sp.command([*SHIPPED[:2], "--out", str(tmp_path / "o"), "--split-size", "4096"], out=out) == 0
-    assert "frames" in out.getvalue()
     import pyarrow.parquet as pq
 
-    t = pq.read_table(tmp_path / "o" / "frames")
-    assert t.num_rows == len(reference(SHIPPED[:2])[0])
-    assert pq.read_table(tmp_path / "o" / "file_status").num_rows == 2
+    hostile = "<script>alert('x')</script>&"
+    msgs = conversation(5, vb=3, opaque=0x77)
+    msgs[0] = Msg("c2s", encode("DCP_OPEN", key=hostile, extras={"flags": 1}, opaque=2))
+    good = str(write_capture(tmp_path / "good.pcap", [Conn(msgs=msgs)], mss=300).path)
+    bad = write_bad_files(tmp_path / "bad")
+    paths = [SHIPPED[1], good, str(bad["text"]), str(bad["truncated_record"])]
+    out = io.StringIO()
+    assert sp.command([*paths, "--out", str(tmp_path / "o"), "--split-size", "4096"], out=out) == 0
+    assert "frames" in out.getvalue()
+    o = tmp_path / "o"
+    want_frames, _ = reference(paths)
+    assert spark.read.parquet(str(o / "frames")).orderBy("frame").toArrow().to_pylist() == want_frames
+    status = {r["path"]: r["status"] for r in pq.read_table(o / "file_status").to_pylist()}
+    assert status == {SHIPPED[1]: "ok", good: "ok", str(bad["text"]): "error", str(bad["truncated_record"]): "problems"}
+    want = timeline_frames(build_timeline(read_records(paths)))
+    for name in sp.TIMELINE_TABLES:
+        t = pq.read_table(o / name)
+        assert t.to_pylist() == sp.arrow_for_spark(want[name]).to_pylist(), name
+    page = (o / "report.html").read_text()
+    assert hostile not in page
+    assert html.escape(hostile, quote=True) in page
+    assert "data:image/png;base64," in page
+    assert "not a pcap or pcapng capture" in page
 
 
 def test_spark_connect(tmp_path: Path) -> None:
@@ -189,13 +263,14 @@ try:
 except Exception as exc:
     print("NO-CONNECT", exc); sys.exit(0)
 p = sp.Pipeline(s, {SHIPPED[:2]!r}, split_size=2048, partitions=2)
-print("ROWS", p.frames().count(), type(s).__module__)
+print("ROWS", p.frames().count(), len(p.timeline().streams), type(s).__module__)
 """
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env, check=False)
     if "NO-CONNECT" in r.stdout:
         pytest.skip(f"a local Spark Connect server cannot start here: {r.stdout.strip()}")
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = int(r.stdout.split("ROWS")[1].split()[0])
+    rows, streams = (int(v) for v in r.stdout.split("ROWS")[1].split()[:2])
     assert rows == len(reference(SHIPPED[:2])[0])
+    assert streams == len(build_timeline(read_records(SHIPPED[:2])).streams)
     assert "connect" in r.stdout
