@@ -186,8 +186,15 @@ class DcpClient:
                 if consumer.done:
                     break
                 if self._stop:
-                    dirty |= self._events(consumer.close_streams())
-                    continue
+                    dirty |= self._events(consumer.close_streams(loop.time()))
+                    out = consumer.data_to_send()
+                    if out:  # the CLOSE_STREAMs
+                        conn.data("c2s", out)
+                        writer.write(out)
+                        await writer.drain()
+                    if consumer.done:
+                        continue
+                    # streams closing: read on until their STREAM_END(Closed) (FACTS §6.3) or the timeout
                 try:
                     data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
                 except TimeoutError:

@@ -326,6 +326,8 @@ class DcpConsumer:
         self.features: tuple[int, ...] = ()
         self.mechanism: str | None = None
         self.rejected_controls: dict[str, int] = {}
+        self.end_on_close = False  # send_stream_end_on_client_close_stream accepted
+        self._closing_since = 0.0
         self.flow_control = False
         self.noop = False
         self.unacked = 0
@@ -397,6 +399,13 @@ class DcpConsumer:
         if self.done:
             return events
         if self.phase == Phase.STREAMING:
+            closing = [st for st in self.streams.values() if st.status == "closing"]
+            if closing and now - self._closing_since > self.config.response_timeout:
+                for st in closing:  # the producer never confirmed: closed all the same
+                    self._end_stream(st, "Closed (by client; no STREAM_END within the response timeout)", events)
+                self._check_done(events)
+                if self.done:
+                    return events
             if self.noop and self.config.noop_interval and now - self._last_rx > 2 * self.config.noop_interval:
                 self._fail(
                     events, f"no traffic from the server for {now - self._last_rx:.1f} s (noop interval {self.config.noop_interval:g} s)"
@@ -416,14 +425,24 @@ class DcpConsumer:
             self._fail(events, f"server closed the connection during {self.phase}")
         return events
 
-    def close_streams(self) -> list[ConsumerEvent]:
-        """Stop: ask the server to close every live stream (DCP_CLOSE_STREAM); all streams end as ``Closed``; done."""
+    def close_streams(self, now: float | None = None) -> list[ConsumerEvent]:
+        """Stop: ask the server to close every live stream (DCP_CLOSE_STREAM); all streams end as ``Closed``; done.
+
+        When ``send_stream_end_on_client_close_stream`` was accepted, a streaming
+        stream stays ``closing`` until the producer's STREAM_END(Closed) arrives
+        (FACTS §6.3) - messages still in flight are applied meanwhile - or until
+        ``response_timeout`` passes (see :meth:`tick`).  Calling it again is harmless.
+        """
         events: list[ConsumerEvent] = []
         for st in self.streams.values():
-            if st.finished:
+            if st.finished or st.status == "closing":
                 continue
             if st.status in ("streaming", "requested"):
                 self._send("DCP_CLOSE_STREAM", vbucket=st.vbucket, stream_id=st.sid if self._sids_on else None)
+                if self.end_on_close and st.status == "streaming":
+                    st.status = "closing"
+                    self._closing_since = self._last_rx if now is None else now
+                    continue
             self._end_stream(st, "Closed (by client)", events)
         if not self.done:
             self.phase = Phase.STREAMING  # a stop during the bootstrap ends it too
@@ -630,6 +649,8 @@ class DcpConsumer:
                 self.noop = value == "true"
             elif key == "enable_stream_id":
                 self.context = replace(self.context, stream_ids=True)
+            elif key == "send_stream_end_on_client_close_stream":
+                self.end_on_close = value == "true"
         else:
             status = frame.status or 0
             self.rejected_controls[key] = status
@@ -910,6 +931,7 @@ class DcpConsumer:
 
     def _stream_end(self, st: StreamInfo, status: int, d: Dissection, events: list[ConsumerEvent]) -> None:
         name = spec.STREAM_END_STATUS.get(status, f"unknown {status}")
+        closing = st.status == "closing"
         if st.oso:  # broke inside an OSO snapshot: resume from before it (FACTS §6.20)
             st.oso = False
             st.position.seqno = st.position.snap_start = st.position.snap_end = st.oso_before
@@ -917,6 +939,10 @@ class DcpConsumer:
             self._snapshot_complete(st, events)
         st.marker = None
         events.append(ConsumerEvent("stream_end", name, st.vbucket, {"status": status, "seqno": st.position.seqno}, d))
+        if closing:  # the end of a stream we closed (Closed, or whatever ended it first): never re-requested
+            self._end_stream(st, f"{name} (closed by client)", events)
+            self._check_done(events)
+            return
         if status in _REREQUEST_END:
             st.rerequests += 1
             st.retries_in_a_row += 1

@@ -478,3 +478,30 @@ def test_simulator_held_acks_stall_the_stream_until_released() -> None:
             await s.stop()
 
     run(main())
+
+
+def test_simulator_stop_with_send_stream_end_on_client_close_stream_sees_closed() -> None:
+    """FACTS §6.3: the client closes its streams and reads on until the producer's STREAM_END(Closed)."""
+    s = _sim()
+
+    async def main() -> None:
+        await s.start()
+        try:
+            evs: list[ConsumerEvent] = []
+            records: list[Record] = []
+            cfg = config(to_latest=False, vbuckets=(0, 1), controls=(("send_stream_end_on_client_close_stream", "true"),))
+            client = DcpClient(s.host, s.port, cfg, on_event=evs.append, on_record=records.append)
+            await client.start()
+            for _ in range(500):
+                c = client.consumer
+                if c is not None and all(st.status == "streaming" for st in c.streams.values()) and len(c.streams) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            await client.stop()
+            ends = [e for e in evs if e.kind == "stream_end"]
+            assert sorted(e.vbucket for e in ends) == [0, 1] and {e.message for e in ends} == {"Closed"}
+            assert sum(r.event.type == "frame" and r.event.opcode == 0x55 for r in records) == 2
+        finally:
+            await s.stop()
+
+    run(main())

@@ -612,6 +612,33 @@ def test_close_streams() -> None:
     assert close.frame.vbucket == 0 and s.c.done
 
 
+def test_close_streams_waits_for_stream_end_closed_when_asked_for() -> None:
+    """FACTS §6.3: with send_stream_end_on_client_close_stream the producer confirms with STREAM_END(Closed)."""
+    s = bootstrap(cfg(controls=(("send_stream_end_on_client_close_stream", "true"),)))
+    assert s.c.end_on_close
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.reply(marker(req, 1, 2), mutation(req, 1))
+    s.c.close_streams(s.now)
+    s.c.close_streams(s.now)  # again (the client loop does): nothing more is sent
+    assert [d.name for d in s.sent()] == ["DCP_CLOSE_STREAM"] and not s.c.done
+    s.reply(mutation(req, 2))  # still in flight: applied
+    assert s.c.state.vbuckets[0].seqno == 2 and not s.c.done
+    s.reply(stream_end(req, 1))
+    assert s.c.done and s.c.streams[0].end_reason == "Closed (closed by client)"
+    assert "rerequest" not in s.kinds()
+
+
+def test_close_streams_gives_up_waiting_after_the_response_timeout() -> None:
+    s = bootstrap(cfg(controls=(("send_stream_end_on_client_close_stream", "true"),)))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    s.c.close_streams(s.now)
+    assert not s.c.done
+    s.c.tick(s.now + s.c.config.response_timeout + 1)
+    assert s.c.done and "no STREAM_END" in (s.c.streams[0].end_reason or "")
+
+
 def test_connection_lost() -> None:
     s = bootstrap(cfg())
     evs = s.c.connection_lost()
