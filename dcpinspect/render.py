@@ -238,12 +238,16 @@ def summary(obj: Frame | Dissection, *, context: DissectContext | None = None) -
 #: Okabe-Ito (colour-blind safe) tints, readable on light and dark backgrounds
 PALETTE = ("#e69f0055", "#56b4e955", "#009e7355", "#f0e44255", "#0072b255", "#d55e0055", "#cc79a755", "#99999955")
 _uid = itertools.count(1)
+#: the grid only lines up in a fixed-width font kept on one line: JupyterLab's output
+#: area (and so ipywidgets' HTML in JupyterLab and Voila) styles ``pre`` with the
+#: surrounding proportional font, ``pre-wrap`` and ``break-all``
+_PRE = "font-family:var(--jp-code-font-family,monospace);white-space:pre;word-break:normal;overflow-x:auto"
 
 
 def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Notebook HTML: coloured grid cells linked to breakdown rows; all wire text escaped."""
     if not isinstance(obj, (Frame, Dissection)):
-        return "<pre>" + html.escape(annotate(obj, max_rows=max_rows)) + "</pre>"
+        return f'<pre style="{_PRE}">' + html.escape(annotate(obj, max_rows=max_rows)) + "</pre>"
     d = _as_dissection(obj, context)
     data = d.frame.raw
     n = len(data)
@@ -288,5 +292,5 @@ def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, ma
     hover = "".join(f"#{uid}:has(.f{i}:hover) .f{i}{{outline:2px solid currentColor}}" for i in range(len(d.fields)))
     return (
         f'<div id="{uid}" class="dcpinspect-annotation"><style>{hover}</style>'
-        f'<pre style="line-height:1.25">{chr(10).join(out)}\n\n{chr(10).join(bd)}</pre></div>'
+        f'<pre style="line-height:1.25;{_PRE}">{chr(10).join(out)}\n\n{chr(10).join(bd)}</pre></div>'
     )

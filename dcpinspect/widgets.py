@@ -66,6 +66,12 @@ def _show_any(d: w.Dropdown) -> None:
         d.index = 0
 
 
+def _set_png(img: w.Image, png: bytes) -> None:
+    """Show a PNG, or hide the image when there is none (an empty image is a broken-image icon in a browser)."""
+    img.value = png
+    img.layout.display = None if png else "none"
+
+
 class _Static:
     """Adds the model's static rendering to a widget's mime bundle."""
 
@@ -103,8 +109,8 @@ class ExplorerView(_Static, w.VBox):
         self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="100%"))
         self.annotation = w.HTML()
         self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="480px"))
-        self.stream_img = w.Image(format="png")
-        self.branch_img = w.Image(format="png")
+        self.stream_img = w.Image(format="png", layout=w.Layout(display="none"))  # shown by _set_png once drawn
+        self.branch_img = w.Image(format="png", layout=w.Layout(display="none"))
         plots_box = w.VBox([self.jump, self.stream_img, self.branch_img]) if self.plots else w.VBox([])
         super().__init__(
             [
@@ -196,9 +202,9 @@ class ExplorerView(_Static, w.VBox):
         self._plot_key = key
         fig = m.stream_figure(theme=self.theme)
         if fig is not None:
-            self.stream_img.value = figure_png(fig)
+            _set_png(self.stream_img, figure_png(fig))
         bfig = m.branch_figure(theme=self.theme)
-        self.branch_img.value = figure_png(bfig) if bfig is not None else b""
+        _set_png(self.branch_img, figure_png(bfig) if bfig is not None else b"")
         self._syncing = True
         try:
             self.jump.options = [_ANY] + (_key_frames(t.streams[i], t) if i is not None else [])

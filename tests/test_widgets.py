@@ -277,6 +277,37 @@ def test_stepper_view() -> None:
     assert "text/html" in v._repr_mimebundle_()
 
 
+def test_explorer_view_in_a_browser_front_end() -> None:
+    """What tests/test_browser.py found: state the front end renders, not only the Python values."""
+    from dcpinspect.widgets import ExplorerView
+
+    v = ExplorerView(fresh(page_size=20))
+    filters = (v.conn, v.vbucket, v.stream, v.opcode, v.direction, v.jump)
+    # ipywidgets maps a None value to no index, which a browser shows as an empty dropdown
+    assert all(d.value is None and d.index == 0 and d.label == "any" for d in filters)
+    v.vbucket.value = 0
+    v.opcode.value = "DCP_STREAM_REQ"
+    v.frames.value = 46  # a new stream: the jump list is rebuilt
+    assert v.jump.value is None and v.jump.index == 0
+    v.vbucket.index = 0  # "any" picked in the browser
+    assert v.model.filters.vbucket is None and v.vbucket.index == 0
+    # a missing figure hides its image instead of an empty one (a broken-image icon)
+    assert v.stream_img.layout.display is None and v.branch_img.layout.display is None
+    v2 = ExplorerView(fresh(str(CAPTURES / "live-plain.pcap")), plots=False)
+    assert v2.stream_img.layout.display == "none" and v2.branch_img.layout.display == "none"
+    # the grid lines up only in a fixed-width font on unwrapped lines (JupyterLab's output CSS gives pre neither)
+    v.frames.value = 47
+    assert "font-family:var(--jp-code-font-family,monospace);white-space:pre;" in v.annotation.value
+
+
+def test_missing_branch_figure_hides_its_image(evil_capture: str) -> None:
+    from dcpinspect.widgets import ExplorerView
+
+    v = ExplorerView(ExplorerModel.open(evil_capture))
+    assert v.model.branch_figure() is None
+    assert v.stream_img.layout.display is None and v.branch_img.layout.display == "none" and v.branch_img.value == b""
+
+
 # --- escaping ---------------------------------------------------------------------------
 
 
