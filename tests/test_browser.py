@@ -121,6 +121,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         "JUPYTER_CONFIG_DIR": str(root / "config"),
         "JUPYTER_DATA_DIR": str(root / "data"),
         "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+        # Voila's templates live under the prefix it was installed in (the base one, from a venv)
+        "JUPYTER_PATH": os.pathsep.join(
+            dict.fromkeys(str(Path(p) / "share" / "jupyter") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
+        ),
         "IPYTHONDIR": str(root / "ipython"),
         "MPLCONFIGDIR": str(root / "mpl"),
         "MPLBACKEND": "Agg",
