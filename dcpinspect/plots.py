@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import Collection, PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .timeline import MAX_SEQNO, Stream, Timeline
@@ -40,6 +41,7 @@ from .timeline import MAX_SEQNO, Stream, Timeline
 __all__ = [
     "OKABE_ITO",
     "frame_at",
+    "frame_at_pixel",
     "frames_of",
     "plot_branches",
     "plot_flow",
@@ -81,6 +83,63 @@ def frame_at(event: Any) -> int | None:
         return None
     i = int(ind[0]) if ind is not None and len(ind) else 0
     return int(frames[min(i, len(frames) - 1)])
+
+
+def frame_at_pixel(fig: Figure, x: float, y: float, *, dpi: float = 80) -> int | None:
+    """The frame under a click on ``fig`` rendered as a PNG at ``dpi``: ``x``, ``y`` in image pixels from the top left.
+
+    What a browser can report about a click on the picture of a figure: the
+    figure is laid out at that ``dpi`` (as :meth:`~matplotlib.figure.Figure.savefig`
+    does) and every artist that stands for frames is hit-tested like a
+    ``pick_event`` (its pick radius); among the hits the point nearest the
+    click wins.  ``None`` when the click is on nothing that stands for a frame.
+    """
+    from matplotlib.backend_bases import MouseButton, MouseEvent
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    old_dpi = fig.dpi
+    try:
+        fig.set_dpi(dpi)
+        canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+        canvas.draw()  # the layout (constrained/tight) of the saved picture
+        _w, h = canvas.get_width_height()
+        event = MouseEvent("button_press_event", canvas, x, h - y, button=MouseButton.LEFT)  # type: ignore[arg-type]  # floats work
+        best: tuple[float, int] | None = None
+        for artist in fig.findobj(lambda a: a in _FRAMES):
+            frames = _FRAMES[artist]
+            if not len(frames) or not artist.get_visible():
+                continue
+            hit, info = artist.contains(event)
+            if not hit:
+                continue
+            ind = np.asarray(info.get("ind", []), dtype=np.int64)
+            ind = ind[ind < len(frames)]
+            if not len(ind):  # an area (a span): its first frame
+                cand = (float("inf"), int(frames[0]))
+            else:
+                pts = _display_points(artist, ind)
+                if pts is None:
+                    cand = (float("inf"), int(frames[ind[0]]))
+                else:
+                    d = np.hypot(pts[:, 0] - x, pts[:, 1] - (h - y))
+                    k = int(np.argmin(d))
+                    cand = (float(d[k]), int(frames[ind[k]]))
+            if best is None or cand[0] < best[0]:
+                best = cand
+        return None if best is None else best[1]
+    finally:
+        fig.set_dpi(old_dpi)
+
+
+def _display_points(artist: Artist, ind: np.ndarray) -> np.ndarray | None:
+    """Display coordinates of an artist's points ``ind`` (lines and scatter collections), else ``None``."""
+    if isinstance(artist, Line2D):
+        return artist.get_transform().transform(np.asarray(artist.get_xydata())[ind])
+    if isinstance(artist, Collection):
+        offsets = np.asarray(artist.get_offsets())
+        if len(offsets) > int(ind.max()):
+            return artist.get_offset_transform().transform(offsets[ind])
+    return None
 
 
 def _tag(artist: Artist, frames: Iterable[int], gid: str) -> Artist:

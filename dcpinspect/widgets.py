@@ -3,9 +3,10 @@
 * :func:`explore` - the explorer: filters, a paged frame list, the selected
   frame's annotation (grid and breakdown, the field under the pointer
   highlighted in both), the selected stream's timeline and its vbucket's
-  branch tree, and a "jump to" list of the stream's key frames (requests,
-  rollbacks, snapshots, end, anomalies) that selects them; live sources
-  update it as the session runs.
+  branch tree - a click on a point of either selects its frame - and a
+  "jump to" list of the stream's key frames (requests, rollbacks, snapshots,
+  end, anomalies) that selects them; live sources update it as the session
+  runs.
 * :func:`stepper` - the teaching mode: play/next/previous/speed over a session,
   each frame's annotation and what it changed in the stream's state.
 
@@ -22,11 +23,14 @@ import io
 from pathlib import Path
 from typing import Any
 
+import anywidget
 import ipywidgets as w
+import traitlets
 
 from .explorer import ExplorerModel, StepperModel
+from .plots import frame_at_pixel
 
-__all__ = ["ExplorerView", "StepperView", "explore", "figure_png", "stepper"]
+__all__ = ["ExplorerView", "FigureImage", "StepperView", "explore", "figure_png", "stepper"]
 
 BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
 _ANY = ("any", None)
@@ -66,7 +70,49 @@ def _show_any(d: w.Dropdown) -> None:
         d.index = 0
 
 
-def _set_png(img: w.Image, png: bytes) -> None:
+PNG_DPI = 80  # the resolution plots are sent to the browser at (clicks are mapped back at the same one)
+
+
+class FigureImage(anywidget.AnyWidget):
+    """A matplotlib figure as a PNG that reports clicks: ``click`` is ``[x, y, n]`` in image pixels (n counts clicks).
+
+    The front end is a few lines of JavaScript (anywidget's ESM): an ``<img>``
+    from the PNG bytes and a click listener that scales the pointer to the
+    picture's own pixels, so the Python side can hit-test the figure with
+    :func:`~dcpinspect.plots.frame_at_pixel`.
+    """
+
+    _esm = """
+    function render({ model, el }) {
+      const img = document.createElement("img");
+      img.style.maxWidth = "100%";
+      img.style.cursor = "crosshair";
+      img.className = "dcpinspect-figure";
+      let url = null, clicks = 0;
+      const show = () => {
+        const v = model.get("value");
+        if (url) URL.revokeObjectURL(url);
+        url = v && v.byteLength ? URL.createObjectURL(new Blob([v], { type: "image/png" })) : null;
+        if (url) img.src = url; else img.removeAttribute("src");
+      };
+      img.addEventListener("click", (e) => {
+        const r = img.getBoundingClientRect();
+        if (!r.width || !r.height) return;
+        clicks += 1;
+        model.set("click", [(e.clientX - r.left) * img.naturalWidth / r.width, (e.clientY - r.top) * img.naturalHeight / r.height, clicks]);
+        model.save_changes();
+      });
+      model.on("change:value", show);
+      show();
+      el.appendChild(img);
+    }
+    export default { render };
+    """
+    value = traitlets.Bytes(b"").tag(sync=True)
+    click: traitlets.List[float] = traitlets.List([]).tag(sync=True)
+
+
+def _set_png(img: FigureImage, png: bytes) -> None:
     """Show a PNG, or hide the image when there is none (an empty image is a broken-image icon in a browser)."""
     img.value = png
     img.layout.display = None if png else "none"
@@ -109,8 +155,9 @@ class ExplorerView(_Static, w.VBox):
         self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="100%"))
         self.annotation = w.HTML()
         self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="480px"))
-        self.stream_img = w.Image(format="png", layout=w.Layout(display="none"))  # shown by _set_png once drawn
-        self.branch_img = w.Image(format="png", layout=w.Layout(display="none"))
+        self.stream_img = FigureImage(layout=w.Layout(display="none"))  # shown by _set_png once drawn
+        self.branch_img = FigureImage(layout=w.Layout(display="none"))
+        self._figs: dict[str, Any] = {}  # the figures now shown, to map clicks back to frames
         plots_box = w.VBox([self.jump, self.stream_img, self.branch_img]) if self.plots else w.VBox([])
         super().__init__(
             [
@@ -128,6 +175,8 @@ class ExplorerView(_Static, w.VBox):
         self.next_btn.on_click(lambda _b: model.next_page())
         self.frames.observe(self._on_select, names="value")
         self.jump.observe(self._on_jump, names="value")
+        self.stream_img.observe(lambda c: self._on_click("stream", c["new"]), names="click")
+        self.branch_img.observe(lambda c: self._on_click("branch", c["new"]), names="click")
         model.on_change(self.refresh)
         self.refresh("rows")
 
@@ -148,6 +197,15 @@ class ExplorerView(_Static, w.VBox):
     def _on_select(self, change: Any) -> None:
         if not self._syncing and change["new"] is not None:
             self.model.select(int(change["new"]))
+
+    def _on_click(self, which: str, click: list[float]) -> None:
+        """A click on a plot: select the frame of the point under it (nothing when it hit none)."""
+        fig = self._figs.get(which)
+        if fig is None or len(click) < 2:
+            return
+        frame = frame_at_pixel(fig, float(click[0]), float(click[1]), dpi=PNG_DPI)
+        if frame is not None and self.model.store.row_of(frame) is not None:
+            self.model.select(frame)
 
     def _on_jump(self, change: Any) -> None:
         if not self._syncing and change["new"] is not None:
@@ -202,9 +260,11 @@ class ExplorerView(_Static, w.VBox):
         self._plot_key = key
         fig = m.stream_figure(theme=self.theme)
         if fig is not None:
-            _set_png(self.stream_img, figure_png(fig))
+            self._figs["stream"] = fig
+            _set_png(self.stream_img, figure_png(fig, PNG_DPI))
         bfig = m.branch_figure(theme=self.theme)
-        _set_png(self.branch_img, figure_png(bfig) if bfig is not None else b"")
+        self._figs["branch"] = bfig
+        _set_png(self.branch_img, figure_png(bfig, PNG_DPI) if bfig is not None else b"")
         self._syncing = True
         try:
             self.jump.options = [_ANY] + (_key_frames(t.streams[i], t) if i is not None else [])

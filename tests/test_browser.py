@@ -264,6 +264,26 @@ def expected(capture: Path, frame: int) -> tuple[str, Any]:
     return annotate(event, context=context), dissect(event, context)
 
 
+def point_on_stream_plot(selected: int) -> tuple[int, tuple[float, float]]:
+    """A frame drawn on the selected stream's plot (not ``selected``) and where it is in the PNG the view sends."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dcpinspect import plots
+    from dcpinspect.widgets import PNG_DPI
+
+    model = ExplorerModel.open(str(BRANCHES))
+    model.select(selected)
+    fig = model.stream_figure()
+    fig.set_dpi(PNG_DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    line = next(a for a in fig.findobj(lambda a: len(plots.frames_of(a)) > 3))
+    frames = plots.frames_of(line)
+    i = len(frames) // 2
+    ((x, y),) = line.get_transform().transform(line.get_xydata()[i : i + 1])
+    return int(frames[i]), (float(x), float(canvas.get_width_height()[1] - y))
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 
@@ -327,6 +347,15 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     # the stream's timeline and its vbucket's branch tree are there as images
     widths = visible_images(page, 2)
     assert len(widths) == 2 and all(widths), widths
+
+    # a click on a point of the stream's timeline selects that point's frame
+    target, (px, py) = point_on_stream_plot(frame)
+    img = page.locator(f"{EXPLORER} img.dcpinspect-figure").first
+    box = img.bounding_box()
+    natural = img.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+    page.mouse.click(box["x"] + px * box["width"] / natural[0], box["y"] + py * box["height"] / natural[1])
+    page.locator(f"{EXPLORER} .widget-html-content b", has_text=re.compile(f"^frame {target}$")).wait_for()
+    assert pre.evaluate("e => e.textContent") == expected(BRANCHES, target)[0]
 
     shot = tmp_path / "explorer-frame-47.png"
     page.screenshot(path=str(shot), full_page=True)

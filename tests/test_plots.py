@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 
@@ -174,3 +175,29 @@ def test_every_capture_plots(name: str) -> None:
     t = timeline(name)
     for fig in (plots.plot_seqnos(t), plots.plot_branches(t), plots.plot_flow(t)):
         assert isinstance(fig, Figure) and fig.axes
+
+
+def _pixels_of(fig: Figure, artist: object, dpi: float = 80) -> list[tuple[float, float]]:
+    """Where each point of ``artist`` lands in the PNG of ``fig`` at ``dpi`` (pixels from the top left)."""
+    fig.set_dpi(dpi)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    _w, h = canvas.get_width_height()
+    pts = plots._display_points(artist, np.arange(len(plots.frames_of(artist))))  # type: ignore[arg-type]
+    assert pts is not None
+    return [(float(x), float(h - y)) for x, y in pts]
+
+
+@pytest.mark.parametrize("x", ["frame", "time"])
+def test_a_click_on_the_picture_finds_the_frame(x: str) -> None:
+    """What the explorer does with a browser click on a plot's PNG: the point under it, by its frame."""
+    t = timeline("live-rollback-retry.pcap")
+    fig = plots.plot_seqnos(t, x=x)
+    line = next(a for a in fig.findobj(lambda a: len(plots.frames_of(a)) > 3))
+    frames = plots.frames_of(line)
+    for i, (px, py) in enumerate(_pixels_of(fig, line)):
+        assert plots.frame_at_pixel(fig, px + 1, py - 1) == frames[i]  # within the pick radius
+    assert plots.frame_at_pixel(fig, 1, 1) is None  # the corner: nothing there
+    rb = next(a for a in fig.findobj(lambda a: a.get_gid() == "rollbacks"))
+    ((px, py),) = _pixels_of(fig, rb)
+    assert plots.frame_at_pixel(fig, px, py) == plots.frames_of(rb)[0]

@@ -345,3 +345,26 @@ def test_wire_text_is_escaped(evil_capture: str) -> None:
     assert all(EVIL not in out and "<script" not in out for out in outputs)
     assert any("&lt;script&gt;" in out for out in outputs)
     assert EVIL in m.text()  # plain text keeps it as text
+
+
+def test_a_click_on_a_plot_selects_its_frame() -> None:
+    """The browser sends the click's pixel on the PNG (FigureImage.click); the view hit-tests the figure shown."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dcpinspect import plots
+    from dcpinspect.widgets import PNG_DPI, ExplorerView
+
+    v = ExplorerView(fresh(page_size=20))
+    v.model.select(46)
+    fig = v._figs["stream"]
+    req = next(a for a in fig.findobj(lambda a: a.get_gid() == "rollbacks"))
+    fig.set_dpi(PNG_DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    ((x, y),) = req.get_offset_transform().transform(req.get_offsets())
+    target = int(plots.frames_of(req)[0])
+    assert target != 46
+    v.stream_img.click = [float(x), float(canvas.get_width_height()[1] - y), 1]
+    assert v.model.selected == target and f"frame {target}" in v.annotation.value
+    v.stream_img.click = [1.0, 1.0, 2]  # on nothing: the selection stays
+    assert v.model.selected == target
