@@ -70,6 +70,8 @@ def _show_any(d: w.Dropdown) -> None:
         d.index = 0
 
 
+#: the frame list's labels are columns (frame number right-aligned, names, vbucket...): a fixed-width font lines them up
+_LIST_CSS = "<style>.dcpinspect-explorer .widget-select select{font-family:var(--jp-code-font-family,monospace);white-space:pre}</style>"
 PNG_DPI = 80  # the resolution plots are sent to the browser at (clicks are mapped back at the same one)
 
 
@@ -164,6 +166,7 @@ class ExplorerView(_Static, w.VBox):
                 w.HBox([self.conn, self.vbucket, self.stream, self.opcode, self.direction]),
                 w.HBox([self.key, self.problems]),
                 w.HBox([self.prev_btn, self.next_btn, self.status]),
+                w.HTML(_LIST_CSS, layout=w.Layout(display="none")),
                 self.frames,
                 w.HBox([self.annotation, plots_box]),
             ]

@@ -331,6 +331,8 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     for f, row in zip(d.fields, rows, strict=True):
         assert f.label.strip() in row and row.endswith(value_text(f))
 
+    # the frame list's columns line up too
+    assert "mono" in page.locator(FRAMES).evaluate("e => getComputedStyle(e).fontFamily").lower()
     # a fixed-width font, so the grid lines up (JupyterLab's output area gives pre the proportional UI font)
     font = pre.evaluate("e => getComputedStyle(e).fontFamily").lower()
     assert "mono" in font, font
