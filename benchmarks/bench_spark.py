@@ -9,10 +9,13 @@ measures in one run:
 * the single-process frames table (``batches.read_batches`` over all files,
   streamed) - frames/s;
 * a local Spark run per core count in a fresh process (``local[N]``): session
-  start, an empty job, and the stages (split + segments persisted, frames
-  decoded and persisted, numbering + a full ``noop`` write) - frames/s and the
-  ratio to the single-process path; peak RSS of the whole process tree
-  (driver JVM and Python workers) and of the largest Python worker;
+  start, an empty job, and the stages (split + segments persisted, the
+  metadata shuffled by connection and persisted, the keys pass collected, the
+  frames decoded and written as parquet; then the keys pass again with the
+  timelines built, and the driver's merge) - frames/s of the frames table and
+  of frames + timelines, and the ratios to the single-process path; peak RSS
+  of the whole process tree (driver JVM and Python workers) and of the largest
+  Python worker;
 * tshark on the smallest file - frames/s, for the ratio.
 
 A benchmark, not a test: it prints and exits 0.
@@ -77,7 +80,7 @@ def tree_rss() -> tuple[int, int]:
     return total, biggest
 
 
-def spark_run(paths: list[str], cores: int, split_size: int) -> dict[str, float]:
+def spark_run(paths: list[str], cores: int, split_size: int, out_dir: str) -> dict[str, float]:
     """One local Spark run in this process (called in a fresh child)."""
     peak = [0, 0]
     stop = threading.Event()
@@ -106,19 +109,26 @@ def spark_run(paths: list[str], cores: int, split_size: int) -> dict[str, float]
     nseg = p.segments().count()
     out["split+segments"] = time.perf_counter() - t
     t = time.perf_counter()
-    p.raw().count()
-    out["frames (decode)"] = time.perf_counter() - t
+    p.by_connection().count()
+    p.last()
+    out["shuffle by connection"] = time.perf_counter() - t
     t = time.perf_counter()
-    fr = p.frames()
-    fr.write.format("noop").mode("overwrite").save()
-    out["numbering+write"] = time.perf_counter() - t
-    out["frames"] = float(p.raw().filter("_kind = 0").count())
+    num = p.numbering()
+    out["keys"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sp._write_frames(spark, p.frames(), out_dir)
+    out["frames+write"] = time.perf_counter() - t
+    out["frames"] = float(num.frames)
+    t = time.perf_counter()
+    p.keys(build=True, max_items=2000)
+    out["keys+timelines"] = time.perf_counter() - t
     t = time.perf_counter()
     tl = p.timeline(max_items=2000)
-    out["timelines"] = time.perf_counter() - t
+    out["merge"] = time.perf_counter() - t
     out["streams"] = float(len(tl.streams))
     out["segments"] = float(nseg)
-    out["pipeline"] = out["split+segments"] + out["frames (decode)"] + out["numbering+write"]
+    out["pipeline"] = out["split+segments"] + out["shuffle by connection"] + out["keys"] + out["frames+write"]
+    out["analyze"] = out["split+segments"] + out["shuffle by connection"] + out["keys+timelines"] + out["frames+write"] + out["merge"]
     out["total"] = time.perf_counter() - t0
     stop.set()
     out["peak_rss_tree_mb"] = peak[0] / 2**20
@@ -137,7 +147,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         cfg = json.loads(args.child)
-        print(json.dumps(spark_run(cfg["paths"], cfg["cores"], cfg["split_size"])))
+        print(json.dumps(spark_run(cfg["paths"], cfg["cores"], cfg["split_size"], cfg["out"])))
         return 0
     directory = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-spark-"))
     directory.mkdir(parents=True, exist_ok=True)
@@ -153,6 +163,16 @@ def main() -> int:
     dt_single = time.perf_counter() - t
     fps_single = single / dt_single
     print(f"single process (read_batches, streamed): {single:,} frames in {dt_single:.1f} s = {fps_single:,.0f} frames/s")
+    import pyarrow.parquet as pq
+
+    from dcpinspect.batches import SCHEMA
+
+    t = time.perf_counter()
+    with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
+        for b in read_batches([str(p) for p in paths]):
+            w.write_batch(b)
+    dt_single_pq = time.perf_counter() - t
+    print(f"single process + parquet write (pyarrow): {dt_single_pq:.1f} s = {single / dt_single_pq:,.0f} frames/s")
     from dcpinspect.records import read_records
     from dcpinspect.timeline import build_timeline
 
@@ -160,6 +180,7 @@ def main() -> int:
     build_timeline(read_records([str(p) for p in paths]))
     dt_tl = time.perf_counter() - t
     print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
+    fps_both = single / (dt_single + dt_tl)
 
     small = min(paths, key=lambda p: p.stat().st_size)
     ts = time_tshark(small)
@@ -168,7 +189,9 @@ def main() -> int:
         print(f"tshark on {small.name}: {ts[1]:,} frames in {ts[0]:.1f} s = {fps_tshark:,.0f} frames/s")
 
     for cores in (int(c) for c in args.cores.split(",")):
-        cfg = json.dumps({"paths": [str(p) for p in paths], "cores": cores, "split_size": args.split_size})
+        cfg = json.dumps(
+            {"paths": [str(p) for p in paths], "cores": cores, "split_size": args.split_size, "out": str(directory / "out-frames")}
+        )
         proc = subprocess.run([sys.executable, __file__, "--child", cfg], capture_output=True, text=True, check=False)
         if proc.returncode:
             print(f"local[{cores}]: failed\n{proc.stderr[-2000:]}")
@@ -176,14 +199,20 @@ def main() -> int:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         assert int(r["frames"]) == single, (r["frames"], single)
         fps = r["frames"] / r["pipeline"]
+        fps_an = r["frames"] / r["analyze"]
         fps_total = r["frames"] / r["total"]
         print(
             f"local[{cores}]: session {r['session']:.1f} s, empty job {r['empty_job']:.1f} s, first Python job {r['first_python_job']:.1f} s; "
-            f"split+segments {r['split+segments']:.1f} s, decode {r['frames (decode)']:.1f} s, numbering+write {r['numbering+write']:.1f} s, "
-            f"timelines {r['timelines']:.1f} s (single process {dt_tl:.1f} s); "
-            f"pipeline {fps:,.0f} frames/s ({fps / fps_single:.2f}x single process), with session {fps_total:,.0f} frames/s "
-            f"({fps_total / fps_single:.2f}x){f', {fps / fps_tshark:.1f}x tshark' if fps_tshark else ''}; "
-            f"peak RSS tree {r['peak_rss_tree_mb']:.0f} MiB, largest Python worker {r['peak_rss_python_worker_mb']:.0f} MiB"
+            f"split+segments {r['split+segments']:.1f} s, shuffle by connection {r['shuffle by connection']:.1f} s, "
+            f"keys {r['keys']:.1f} s, frames+parquet write {r['frames+write']:.1f} s; "
+            f"frames table {fps:,.0f} frames/s ({fps / fps_single:.2f}x single process, "
+            f"{fps * dt_single_pq / single:.2f}x single process + parquet"
+            f"{f', {fps / fps_tshark:.1f}x tshark' if fps_tshark else ''}); "
+            f"keys+timelines {r['keys+timelines']:.1f} s, merge {r['merge']:.1f} s; "
+            f"frames + timelines {fps_an:,.0f} frames/s ({fps_an / fps_both:.2f}x single process {dt_single + dt_tl:.1f} s); "
+            f"with session {fps_total:,.0f} frames/s; "
+            f"peak RSS tree {r['peak_rss_tree_mb']:.0f} MiB, largest Python worker {r['peak_rss_python_worker_mb']:.0f} MiB",
+            flush=True,
         )
     return 0
 

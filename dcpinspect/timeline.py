@@ -299,6 +299,7 @@ class TimelineBuilder:
         self._high: dict[int, tuple[int, int]] = {}
         self._stalls: list[dict[str, Any]] = []
         self._purge: dict[int, tuple[int, int]] = {}  # vbucket -> (frame, purge seqno) from v2.2 markers
+        self._seen_elsewhere: dict[int, int] = {}  # vbucket -> highest item seqno seen outside this builder
         self._finished = False
 
     # --- input -------------------------------------------------------------------
@@ -328,6 +329,16 @@ class TimelineBuilder:
             self._stream_message(c, rec, ev, h, op, opaque, ev.stream_id if magic == 0x08 else None)
         else:
             self._request(c, rec, ev, h, op, opaque)
+
+    def observe_seqno(self, vbucket: int, seqno: int) -> None:
+        """Note an item seqno of ``vbucket`` seen outside this builder (e.g. by another connection's builder).
+
+        The rollback replay (FACTS §7.4) brackets the producer's unknown high
+        seqno from the highest seqno seen on the vbucket; builders that each
+        see part of a capture pass that on this way, in record order.
+        """
+        if seqno > self._seen_elsewhere.get(vbucket, -1):
+            self._seen_elsewhere[vbucket] = seqno
 
     def feed_all(self, records: Iterable[Record]) -> TimelineBuilder:
         """Feed many records."""
@@ -770,6 +781,7 @@ class TimelineBuilder:
         vb = s.vbucket
         high = self._high.get(vb)
         seen = max((x.last_seqno or 0 for x in self._streams if x.vbucket == vb), default=0)
+        seen = max(seen, self._seen_elsewhere.get(vb, 0))
         highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
         purge = self._purge.get(vb)
         purges = [purge[1]] if purge else [0, a.start + 1]

@@ -9,6 +9,7 @@ import pytest
 
 from dcpinspect import encode
 from dcpinspect.cli import main
+from dcpinspect.decoder import Frame
 from dcpinspect.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.records import read_records
 from dcpinspect.timeline import MAX_SEQNO, TimelineBuilder, build_timeline
@@ -120,6 +121,34 @@ def test_stream_story_rollback_retry_snapshots_end(tmp_path: Path) -> None:
     dfs = timeline_frames(t)
     assert list(dfs["rollbacks"]["rollback_seqno"]) == [4]
     assert dfs["attempts"]["end"].dtype == "UInt64" and int(dfs["attempts"]["end"].iloc[0]) == MAX_SEQNO
+
+
+def test_observe_seqno_stands_in_for_items_seen_elsewhere(tmp_path: Path) -> None:
+    """A builder told the highest seqno seen elsewhere explains a rollback as one that saw the items."""
+    conv = [
+        *bootstrap(),
+        ("c2s", req(start=0)),
+        ("s2c", ok([(0xAAAA, 0)])),
+        ("s2c", marker(0, 8)),
+        *[("s2c", mut(i)) for i in (1, 2, 3, 4, 6)],
+        ("s2c", encode("DCP_STREAM_END", extras={"status": 2}, opaque=0x10)),
+        ("c2s", req(start=6, vb_uuid=0xAAAA, snap_start_seqno=4, snap_end_seqno=8, opaque=0x11)),
+        ("s2c", encode("DCP_STREAM_REQ", response=True, status=0x23, opaque=0x11, value={"rollback_seqno": 4})),
+    ]
+    records = list(read_records([str(session(tmp_path / "s.pcap", conv))]))
+    want = build_timeline(records).streams[1].attempts[0]
+    items = [r for r in records if isinstance(r.event, Frame) and r.event.opcode == 0x57]
+    rest = [r for r in records if r not in items]
+    alone = TimelineBuilder().feed_all(rest).timeline().streams[-1].attempts[0]
+    assert alone.explanation != want.explanation  # without the items the replay sees other inputs
+    b = TimelineBuilder()
+    for r in rest:
+        if r.number > items[-1].number and not b._seen_elsewhere:
+            b.observe_seqno(0, 6)
+            b.observe_seqno(0, 3)  # lower: no effect
+        b.feed(r)
+    got = b.timeline().streams[-1].attempts[0]
+    assert (got.outcome, got.explanation, got.predicted) == (want.outcome, want.explanation, want.predicted)
 
 
 def test_anomalies(tmp_path: Path) -> None:
