@@ -27,7 +27,6 @@ Python's ``json`` could disagree to ``json.loads``.
 
 from __future__ import annotations
 
-import gc
 import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from .decoder import Frame
 from .dissect import _DOC_KINDS, _GENERIC, DissectContext, _names, _select
 from .fields import ENUM, FLAGS, Variant
 from .flows import DEFAULT_SERVER_PORTS
-from .records import CaptureStats, RecordChunk, read_chunks
+from .records import CaptureStats, RecordChunk, gc_paused, read_chunks
 
 __all__ = ["SCHEMA", "arrow_schema", "chunk_batch", "read_batches", "record_batches"]
 
@@ -523,20 +522,14 @@ def record_batches(chunks: Iterable[RecordChunk]) -> Iterator[pa.RecordBatch]:
     decoder allocates one small object per frame and none of them form
     cycles, while each full collection would walk every frame still held.
     """
-    it = iter(chunks)
-    while True:
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            chunk = next(it, None)
-            batch = None if chunk is None else chunk_batch(chunk)
-            del chunk
-        finally:
-            if was:
-                gc.enable()
-        if batch is None:
-            return
-        yield batch
+
+    def made() -> Iterator[pa.RecordBatch]:
+        for chunk in chunks:
+            batch = chunk_batch(chunk)
+            del chunk  # not held while the caller uses the batch
+            yield batch
+
+    return gc_paused(made())
 
 
 def read_batches(

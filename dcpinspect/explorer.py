@@ -43,7 +43,7 @@ from .decoder import Event, Frame, Gap, Garbage, Truncated
 from .dissect import DissectContext
 from .records import CaptureStats, Record, RecordChunk, read_chunks, read_records
 from .render import annotate_html
-from .timeline import MAX_SEQNO, Stream, Timeline, TimelineBuilder
+from .timeline import MAX_SEQNO, Stream, Timeline, TimelineBuilder, stream_label
 
 __all__ = ["Change", "ExplorerModel", "Filters", "FrameStore", "Step", "StepperModel", "records_of"]
 
@@ -400,7 +400,7 @@ class ExplorerModel:
     def streams(self) -> list[tuple[int, str]]:
         """(index, label) of every stream, for the stream filter."""
         t = self.timeline
-        return [] if t is None else [(i, _stream_label(s)) for i, s in enumerate(t.streams)]
+        return [] if t is None else [(i, stream_label(s)) for i, s in enumerate(t.streams)]
 
     def stream_frames(self, i: int) -> np.ndarray:
         """Every frame number of stream ``i``: requests, responses, markers, items, end."""
@@ -643,15 +643,6 @@ def _from_pandas(df: Any) -> pa.Table:
     return table
 
 
-def _stream_label(s: Stream) -> str:
-    out = f"conn {s.conn} vb {s.vbucket}"
-    if s.stream_id is not None:
-        out += f" sid {s.stream_id}"
-    if s.segment:
-        out += f" #{s.segment}"
-    return out
-
-
 # ---------------------------------------------------------------------------
 # step-through
 
@@ -731,7 +722,7 @@ def _diff(before: dict[str, Any], t: Timeline) -> tuple[list[Change], Stream | N
         if old == new:
             continue
         touched = s
-        label = _stream_label(s)
+        label = stream_label(s)
         o_att, o_out, o_snap, o_items, o_end, o_done = old if old is not None else (0, None, 0, 0, False, None)
         if new[0] > o_att:
             a = s.attempts[-1]
@@ -948,7 +939,7 @@ def _stream_state(s: Stream, t: Timeline) -> dict[str, Any]:
     info = t.connections.get(s.conn)
     flow = next((f for f in reversed(t.flow) if f.conn == s.conn), None)
     state: dict[str, Any] = {
-        "stream": _stream_label(s),
+        "stream": stream_label(s),
         "attempts": len(s.attempts),
         "last outcome": s.attempts[-1].outcome if s.attempts else None,
         "snapshot": f"{_seq(snap.start)}-{_seq(snap.end)}" + (" (complete)" if snap.complete else "") if snap else None,

@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from .timeline import MAX_SEQNO, Stream, Timeline
+from .timeline import MAX_SEQNO, Stream, Timeline, stream_label
 
 __all__ = [
     "OKABE_ITO",
@@ -152,16 +152,6 @@ def _tag(artist: Artist, frames: Iterable[int], gid: str) -> Artist:
 def seqno_label(v: int | None) -> str:
     """A seqno as text: ``max`` for 2^64-1, ``-`` for unknown."""
     return "-" if v is None else ("max" if v == MAX_SEQNO else str(v))
-
-
-def stream_label(s: Stream) -> str:
-    """``conn 1 vb 3 sid 2 #1`` (the segment only when it is not the first)."""
-    out = f"conn {s.conn} vb {s.vbucket}"
-    if s.stream_id is not None:
-        out += f" sid {s.stream_id}"
-    if s.segment:
-        out += f" #{s.segment}"
-    return out
 
 
 def _axes(ax: Axes | None, theme: str, *, rows: int = 1, size: tuple[float, float] = (9.0, 4.5)) -> tuple[Figure, list[Axes]]:

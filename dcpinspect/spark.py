@@ -31,7 +31,6 @@ Spark types: uint64 columns are ``decimal(20,0)``, uint32 ``long``, uint16
 from __future__ import annotations
 
 import argparse
-import gc
 import glob as _glob
 import os
 import shutil
@@ -55,7 +54,7 @@ from .columns import FRAME_COLUMNS
 from .decoder import Frame
 from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Segment
 from .packets import parse_packet
-from .records import CaptureStats, Record, RecordChunk, iter_chunks
+from .records import CaptureStats, Record, RecordChunk, gc_paused, iter_chunks
 
 __all__ = [
     "DEFAULT_SPLIT_SIZE",
@@ -504,7 +503,7 @@ def segments(ranges: Any) -> Any:
                         row["file_index"], row["path"], row["range_index"], row["start"], row["end"], row["first_packet"], row["prefix"]
                     )
 
-        yield from _gc_paused(each())
+        yield from gc_paused(each())
 
     return ranges.mapInArrow(run, SEG_DDL)
 
@@ -716,31 +715,6 @@ class _RecordKeys:
         return k1, k2
 
 
-def _gc_paused(it: Iterable[Any]) -> Iterator[Any]:
-    """Yield from ``it`` with Python's cyclic collector paused while each item is made.
-
-    The decoder allocates small objects by the million (none in cycles); with
-    the collector on, every generation-2 pass walks all of them - in a Spark
-    worker that tripled the task's time.  It runs between items (as in
-    :func:`dcpinspect.batches.record_batches`).
-    """
-    it = iter(it)
-    while True:
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            item = next(it, _END)
-        finally:
-            if was:
-                gc.enable()
-        if item is _END:
-            return
-        yield item
-
-
-_END = object()
-
-
 _SEG_INPUT = ("file_index", "gpos", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")
 
 # --------------------------------------------------------------------------- stage 3a: the keys pass
@@ -905,7 +879,7 @@ def keys_pass(
     """Stage 3a over :func:`by_connection` output: the keys table (see :func:`keys_task`); collect it and :func:`collect_keys`."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _gc_paused(keys_task(batches, paths, last, options, build=build, max_items=max_items))
+        yield from gc_paused(keys_task(batches, paths, last, options, build=build, max_items=max_items))
 
     return data.mapInArrow(run, KEYS_DDL)
 
@@ -931,7 +905,7 @@ def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: 
     """Stage 3b over :func:`by_connection` output: the frames table with global numbers, Spark types."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _gc_paused(frames_task(batches, paths, last, options, numbering))
+        yield from gc_paused(frames_task(batches, paths, last, options, numbering))
 
     return data.mapInArrow(run, FRAMES_DDL)
 

@@ -262,6 +262,16 @@ class Timeline:
         return [s for s in self.streams if s.vbucket == vbucket and (conn is None or s.conn == conn)]
 
 
+def stream_label(s: Stream) -> str:
+    """``conn 1 vb 3 sid 2 #1`` (the segment only when it is not the first)."""
+    out = f"conn {s.conn} vb {s.vbucket}"
+    if s.stream_id is not None:
+        out += f" sid {s.stream_id}"
+    if s.segment:
+        out += f" #{s.segment}"
+    return out
+
+
 @dataclass
 class _Conn:
     info: ConnectionInfo
