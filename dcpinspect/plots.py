@@ -176,13 +176,34 @@ def _axes(ax: Axes | None, theme: str, *, rows: int = 1, size: tuple[float, floa
     return fig, axes
 
 
+_BEST_LEGEND_POINTS = 20_000
+_LEGEND_ENTRIES = 12
+
+
 def _legend(ax: Axes, theme: str) -> None:
-    handles, _labels = ax.get_legend_handles_labels()
+    handles, labels = ax.get_legend_handles_labels()
     if not handles:
         return
+    title = None
+    if len(handles) > _LEGEND_ENTRIES:  # hundreds of streams: a legend of them all hides the plot
+        title = f"{_LEGEND_ENTRIES} of {len(handles)}"
+        handles, labels = handles[:_LEGEND_ENTRIES], labels[:_LEGEND_ENTRIES]
     colours = _THEMES.get(theme, _THEMES["light"])
-    leg = ax.legend(loc="best", fontsize="small", facecolor=colours["face"], edgecolor=colours["grid"], framealpha=0.85)
-    for text in leg.get_texts():
+    # "best" tests every candidate place against every point: seconds on a big figure
+    points = sum(int(np.size(line.get_xdata())) for line in ax.get_lines())
+    points += sum(int(np.shape(c.get_offsets())[0]) for c in ax.collections)
+    leg = ax.legend(
+        handles,
+        labels,
+        title=title,
+        title_fontsize="small",
+        loc="best" if points <= _BEST_LEGEND_POINTS else "upper left",
+        fontsize="small",
+        facecolor=colours["face"],
+        edgecolor=colours["grid"],
+        framealpha=0.85,
+    )
+    for text in (*leg.get_texts(), leg.get_title()):
         text.set_color(colours["fg"])
 
 

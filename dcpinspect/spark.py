@@ -9,7 +9,7 @@ DataFrame to DataFrame:
    pcapng section header and interface blocks) so the core's
    :class:`~dcpinspect.capture.CaptureReader` reads it as a capture of its own.
 2. :func:`segments`: the TCP segments of each range through the core's
-   ``CaptureReader`` and :func:`~dcpinspect.packets.parse_packet` - small
+   ``CaptureReader`` and :func:`~dcpinspect.packets.locate_segment` - small
    metadata columns (file index, packet number, time, endpoints, sequence
    number, flags) and the payload's byte offset and length in its file, not
    the payload.  Per-range status rows (format, error, problems) travel along.
@@ -36,6 +36,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from .capture import _PCAP_MAGICS, _PCAPNG_SHB, MAX_RECORD, CaptureError, Captur
 from .columns import FRAME_COLUMNS
 from .decoder import Frame
 from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Segment
-from .packets import parse_packet
+from .packets import locate_segment
 from .records import CaptureStats, Record, RecordChunk, gc_paused, iter_chunks
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "segments",
     "split",
     "timelines",
+    "write_frames",
 ]
 
 DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
@@ -121,10 +123,13 @@ def get_session(remote: str | None = None, *, master: str | None = None, cores: 
     elif not submitted:
         b = b.master(f"local[{cores or '*'}]")
     n = cores or os.cpu_count() or 2
-    if not submitted:  # a local session: bind to loopback, and log errors only from the JVM's start
+    if not submitted:
+        # a local session: bind to loopback; log errors only from the JVM's start; and only the JVM's quick
+        # compiler - the JVM mostly moves Arrow batches here, and its optimising compiler cost more CPU
+        # (3-4 s of a 2-core run) than it gave back
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         log4j = Path(__file__).with_name("log4j2.properties")
-        b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+        b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1")
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -327,7 +332,10 @@ def split(files: Any, split_size: int = DEFAULT_SPLIT_SIZE) -> Any:
 # --------------------------------------------------------------------------- stage 2: segments
 
 _SEG_FIELDS = [
-    ("kind", pa.int8()),  # 0 segment, 1 range status
+    (
+        "kind",
+        pa.int8(),
+    ),  # 0 segment, 1 range status, 2 a connection's summary in a range (weight in ``missing``, segments in ``packets``, its last ``gpos`` and ``ts``)
     ("file_index", pa.int32()),
     ("path", pa.string()),
     ("gpos", pa.int64()),  # file_index << 40 | packet number
@@ -432,37 +440,45 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
     if f is not None:
         with f:
             fh = _RangeFile(f, prefix, start, end)
-            seg_cols = [cols[k] for k in ("ts", "src", "sport", "dst", "dport", "seq", "flags", "missing")]
+            c_ts, c_src, c_sport, c_dst, c_dport, c_seq, c_flags, c_missing = (
+                cols[k] for k in ("ts", "src", "sport", "dst", "dport", "seq", "flags", "missing")
+            )
             gpos, ckey, poff, plen = cols["gpos"], cols["ckey"], cols["poff"], cols["plen"]
+            keys: dict[tuple[str, int, str, int], str] = {}
+            pcap = None
             try:
                 for pkt in _read_range(reader, fh):
-                    seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, path, skipped)
-                    if seg is None:
+                    found = locate_segment(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, path, skipped)
+                    if found is None:
                         continue
+                    seg, _tcp, at = found
+                    if pcap is None:
+                        pcap = reader.format == "pcap"
                     block = fh.absolute(pkt.offset)
-                    if reader.format == "pcap":
+                    if pcap:
                         data_at = block + 16
                     else:
                         simple = fh.last8[:4] in (b"\x03\x00\x00\x00", b"\x00\x00\x00\x03")  # simple packet block
                         data_at = block + (12 if simple else 28)
-                    payload, data = seg.payload, pkt.data
-                    n = len(payload)
-                    if not n:
-                        at = 0
-                    elif data.endswith(payload):
-                        at = len(data) - n
-                    else:  # Ethernet padding after the payload: any copy of the same bytes will do
-                        at = data.find(payload)
+                    four = (seg.src, seg.sport, seg.dst, seg.dport)
+                    ck = keys.get(four)
+                    if ck is None:
+                        a, b2 = (seg.src, seg.sport), (seg.dst, seg.dport)
+                        lo, hi = (a, b2) if a <= b2 else (b2, a)
+                        ck = keys[four] = f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}"
+                    n = len(seg.payload)
                     gpos.append(base | pkt.number)
-                    a, b2 = (seg.src, seg.sport), (seg.dst, seg.dport)
-                    lo, hi = (a, b2) if a <= b2 else (b2, a)
-                    ckey.append(f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}")
+                    ckey.append(ck)
                     poff.append(data_at + at)
                     plen.append(n)
-                    for col, v in zip(
-                        seg_cols, (seg.ts, seg.src, seg.sport, seg.dst, seg.dport, seg.seq, seg.flags, seg.missing), strict=True
-                    ):
-                        col.append(v)
+                    c_ts.append(seg.ts)
+                    c_src.append(seg.src)
+                    c_sport.append(seg.sport)
+                    c_dst.append(seg.dst)
+                    c_dport.append(seg.dport)
+                    c_seq.append(seg.seq)
+                    c_flags.append(seg.flags)
+                    c_missing.append(seg.missing)
             except CaptureError as exc:
                 error = str(exc)
     n = len(cols["gpos"])
@@ -470,6 +486,20 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
         cols[name] += [None] * n
     cols["kind"][:n] = [0] * n
     cols["file_index"][:n] = [file_index] * n
+    # one row per connection: its weight here and where it was last seen (for by_connection)
+    seen: dict[str, list[int]] = {}
+    for ck, g, t, pl in zip(cols["ckey"], cols["gpos"], cols["ts"], cols["plen"], strict=True):
+        e = seen.get(ck)
+        if e is None:
+            seen[ck] = [pl + 64, 1, g, t]
+        else:
+            e[0] += pl + 64
+            e[1] += 1
+            e[2], e[3] = g, t
+    for ck, (w, k, g, t) in seen.items():
+        row = {"kind": 2, "file_index": file_index, "range_index": range_index, "ckey": ck, "missing": w, "packets": k, "gpos": g, "ts": t}
+        for name, _ in _SEG_FIELDS:
+            cols[name].append(row.get(name))
     problems = [f"{msg} (at byte offset {fh_abs})" for fh_abs, msg in _abs_problems(reader, prefix, start)]
     status = {
         "kind": 1,
@@ -508,30 +538,55 @@ def segments(ranges: Any) -> Any:
     return ranges.mapInArrow(run, SEG_DDL)
 
 
-def file_status(segs: Any) -> Any:
-    """The per-file status table: format, packets, error, problems, link types (one row per file)."""
-    from pyspark.sql import functions as F
+STATUS_DDL = (
+    "file_index int, path string, status string, format string, packets long, error string, problems array<string>, linktypes array<int>"
+)
 
-    st = segs.filter("kind = 1")
-    ordered = F.array_sort(F.collect_list(F.struct("range_index", "problems", "error", "linktypes")))
-    agg = st.groupBy("file_index", "path").agg(
-        F.max("format").alias("format"),
-        F.sum("packets").alias("packets"),
-        ordered.alias("_r"),
-    )
-    error = F.try_element_at(F.filter(F.transform("_r", lambda r: r["error"]), lambda e: e.isNotNull()), F.lit(1))
-    problems = F.flatten(F.transform("_r", lambda r: r["problems"]))
-    status = F.when(error.isNotNull(), F.lit("error")).when(F.size(problems) > 0, F.lit("problems")).otherwise(F.lit("ok"))
-    return agg.select(
-        "file_index",
-        "path",
-        status.alias("status"),
-        "format",
-        "packets",
-        error.alias("error"),
-        problems.alias("problems"),
-        F.array_sort(F.array_distinct(F.flatten(F.transform("_r", lambda r: r["linktypes"])))).alias("linktypes"),
-    ).orderBy("file_index")
+
+def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
+    """The per-file status rows (:data:`STATUS_DDL`) from the range status rows (``kind`` 1) of the segments."""
+    files: dict[int, list[dict[str, Any]]] = {}
+    for r in ranges.to_pylist():
+        if r["kind"] == 1:
+            files.setdefault(r["file_index"], []).append(r)
+    out = []
+    for fi in sorted(files):
+        rs = sorted(files[fi], key=itemgetter("range_index"))
+        error = next((r["error"] for r in rs if r["error"] is not None), None)
+        problems = [p for r in rs for p in r["problems"] or ()]
+        formats = [r["format"] for r in rs if r["format"] is not None]
+        packets = [r["packets"] for r in rs if r["packets"] is not None]
+        status = "error" if error is not None else "problems" if problems else "ok"
+        linktypes = sorted({lt for r in rs for lt in r["linktypes"] or ()})
+        out.append((fi, rs[0]["path"], status, max(formats, default=None), sum(packets) if packets else None, error, problems, linktypes))
+    return out
+
+
+def file_status(segs: Any) -> Any:
+    """The per-file status table: format, packets, error, problems, link types (one row per file; aggregated on the driver)."""
+    rows = status_rows(segs.filter("kind = 1").select("kind", "file_index", "path", *_STATUS_INPUT).toArrow())
+    return segs.sparkSession.createDataFrame(rows, STATUS_DDL)
+
+
+_STATUS_INPUT = ("range_index", "format", "error", "problems", "packets", "linktypes")
+STATUS_NAMES = ("file_index", "path", "status", "format", "packets", "error", "problems", "linktypes")
+
+
+def _status_table(rows: list[dict[str, Any]]) -> pa.Table:
+    types = [pa.int32(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.string(), pa.list_(pa.string()), pa.list_(pa.int32())]
+    return pa.table({k: pa.array([r[k] for r in rows], t) for k, t in zip(STATUS_NAMES, types, strict=True)})
+
+
+def connection_sizes(rows: pa.Table) -> tuple[list[tuple[str, int]], tuple[int, int]]:
+    """From the connection summaries (``kind`` 2) of the segments: (ckey, weight) per connection, and :func:`capture_end`."""
+    weight: dict[str, int] = {}
+    end = (0, 0)
+    kind = rows.column("kind").to_pylist()
+    for k, ck, w, g, t in zip(kind, *(rows.column(c).to_pylist() for c in ("ckey", "missing", "gpos", "ts")), strict=True):
+        if k == 2:
+            weight[ck] = weight.get(ck, 0) + w
+            end = max(end, (g, t))
+    return sorted(weight.items()), (int(end[1]), int(end[0]))
 
 
 # --------------------------------------------------------------------------- stage 3: frames
@@ -760,7 +815,7 @@ def keys_task(
     """Stage 3a in one task: records per capture position (``kind`` 0), connections (1), and with ``build`` timeline parts (2)."""
     keyed = _Keyed(batches, paths, last, options)
     rk = _RecordKeys()
-    parts = _Parts() if build else None
+    parts = _Parts(max_items) if build else None
     for chunk, run_k1, run_ck in keyed.chunks():
         k1, k2 = rk.keys(run_k1, chunk.counts)
         if len(k1):
@@ -805,8 +860,12 @@ class Numbering:
     def frames_of(self, keys: list[int]) -> list[int]:
         """The frame numbers of many record keys ``k1 << KSHIFT | k2``."""
         n = len(keys)
-        k1 = np.fromiter((k >> KSHIFT for k in keys), np.int64, n)
-        k2 = np.fromiter((k & ((1 << KSHIFT) - 1) for k in keys), np.int64, n)
+        try:
+            k = np.array(keys, np.int64)
+            k1, k2 = k >> KSHIFT, k & ((1 << KSHIFT) - 1)
+        except OverflowError:  # keys of records held to the end of the capture: past int64
+            k1 = np.fromiter((k >> KSHIFT for k in keys), np.int64, n)
+            k2 = np.fromiter((k & ((1 << KSHIFT) - 1) for k in keys), np.int64, n)
         out: list[int] = self.frame_numbers(k1, k2).tolist()
         return out
 
@@ -842,35 +901,32 @@ def capture_end(segs: Any) -> tuple[int, int]:
     return int(row["ts"]), int(row["gpos"])
 
 
-def by_connection(segs: Any, partitions: int) -> tuple[Any, tuple[int, int]]:
+def by_connection(
+    segs: Any, partitions: int, sizes: tuple[list[tuple[str, int]], tuple[int, int]] | None = None
+) -> tuple[Any, tuple[int, int]]:
     """Segment metadata shuffled by connection and sorted by capture position (the input of stages 3 and 4), and :func:`capture_end`.
 
     Connections are spread over the partitions by size (payload bytes and
     segments, largest first to the lightest partition), not by hash: a capture
     has few connections, and a hash puts two big ones on one task as often as
-    not.  The sizes and the capture's end come from one small job.
+    not.  The sizes and the capture's end are :func:`connection_sizes` of the
+    segments' connection summaries (one small job, unless ``sizes`` are given).
     """
     from pyspark.sql import functions as F
 
-    data = segs.filter("kind = 0").select(*_SEG_INPUT, "ckey")
-    sizes = (
-        data.groupBy("ckey")
-        .agg((F.sum("plen") + F.count("*") * 64).alias("w"), F.max("gpos").alias("g"), F.max_by("ts", "gpos").alias("t"))
-        .toArrow()
-    )
-    ckeys, weights = sizes.column("ckey").to_pylist(), sizes.column("w").to_pylist()
-    ends = list(zip(sizes.column("g").to_pylist(), sizes.column("t").to_pylist(), strict=True))
-    g, t = max(ends, default=(0, 0))
+    if sizes is None:
+        sizes = connection_sizes(segs.filter("kind = 2").select("kind", "ckey", "missing", "gpos", "ts").toArrow())
+    weights, last = sizes
     load = [0] * partitions
     target = []
-    for i in sorted(range(len(ckeys)), key=lambda i: (-weights[i], ckeys[i])):
+    for ckey, w in sorted(weights, key=lambda x: (-x[1], x[0])):
         p = min(range(partitions), key=load.__getitem__)
-        load[p] += weights[i]
-        target.append((ckeys[i], p))
+        load[p] += w
+        target.append((ckey, p))
     spark = segs.sparkSession
     where = spark.createDataFrame(target or [("", 0)], "ckey string, _p int")
-    data = data.join(F.broadcast(where), "ckey")
-    return data.repartitionById(partitions, "_p").sortWithinPartitions("gpos").drop("ckey", "_p"), (int(t), int(g))
+    data = segs.filter("kind = 0").select(*_SEG_INPUT, "ckey").join(F.broadcast(where), "ckey")
+    return data.repartitionById(partitions, "_p").sortWithinPartitions("gpos").drop("ckey", "_p"), last
 
 
 def keys_pass(
@@ -886,9 +942,13 @@ def keys_pass(
 
 def collect_keys(keys: Any) -> tuple[Numbering, list[_ConnPart]]:
     """The keys table on the driver: the numbering, and the timeline parts (if built)."""
+    num, parts, _files = _collect(keys.toArrow())
+    return num, parts
+
+
+def _collect(t: pa.Table) -> tuple[Numbering, list[_ConnPart], list[tuple[str, int]]]:
     import pickle
 
-    t = keys.toArrow()
     kind = t.column("kind").to_numpy(zero_copy_only=False)
     k1 = t.column("k1").to_numpy(zero_copy_only=False)
     counts = kind == 0
@@ -898,7 +958,9 @@ def collect_keys(keys: Any) -> tuple[Numbering, list[_ConnPart]]:
         k1[counts].astype(np.int64), t.column("n").filter(pa.array(counts)).to_numpy().astype(np.int64), k1[conns].tolist(), labels
     )
     blobs = t.column("blob").filter(pa.array(kind == 2)).to_pylist()
-    return num, [pickle.loads(b) for b in blobs]
+    files = pa.array(kind == 3)
+    written = list(zip(t.column("label").filter(files).to_pylist(), t.column("n").filter(files).to_pylist(), strict=True))
+    return num, [pickle.loads(b) for b in blobs], written
 
 
 def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: tuple[int, int], options: Options = Options()) -> Any:
@@ -908,6 +970,222 @@ def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: 
         yield from gc_paused(frames_task(batches, paths, last, options, numbering))
 
     return data.mapInArrow(run, FRAMES_DDL)
+
+
+# --------------------------------------------------------------------------- stage 3, one decode: the frames table to files
+#
+# The keys pass and the frames pass decode every connection twice because the
+# frames leave the task with their final numbers.  When the table goes to
+# files (what ``analyze`` does) one decode is enough: the task writes its
+# frames with their keys in place of the numbers to temporary Arrow files
+# (lz4) under the output, and returns the keys table as above (with the
+# timeline parts) plus the list of those files; a small second job renumbers
+# each file into a parquet part.  Both write with pyarrow inside the task, not
+# through Spark's writer: the JVM's Arrow -> rows conversion and parquet
+# encoding were about half the CPU of the frames pass.  The commit: only the
+# files listed by successful tasks are renumbered (a retried or speculative
+# attempt writes files of its own that nothing lists), the temporary
+# directory is removed, and ``_SUCCESS`` marks a complete table.
+
+TMP_ROWS = 1 << 19  # rows per temporary file (and so per parquet part)
+_KEY_FIELDS = [pa.field("_k1", pa.int64()), pa.field("_k2", pa.int64()), pa.field("_ck", pa.int64())]
+#: the frames table's Arrow schema with Spark's types (what :func:`spark_batch` makes)
+SPARK_SCHEMA = pa.schema([pa.field(f.name, _ARROW_OUT.get(_COLTYPES[f.name], f.type)) for f in SCHEMA])
+_TMP_SCHEMA = pa.schema([*SPARK_SCHEMA, *_KEY_FIELDS])
+
+
+class _TmpFrames:
+    """Frames rows with their numbering keys, into temporary Arrow IPC files of at most :data:`TMP_ROWS` rows."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.files: list[tuple[str, int]] = []
+        self._sink: Any = None
+        self._writer: Any = None
+        self._path = ""
+        self._rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None:
+            import uuid
+
+            self._path = f"{self.directory}/{uuid.uuid4().hex}.arrow"
+            fs, p = _fs(self._path)
+            fs.create_dir(p.rpartition("/")[0], recursive=True)
+            self._sink = fs.open_output_stream(p)
+            self._writer = pa.ipc.new_file(self._sink, _TMP_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4"))
+        self._writer.write_batch(batch)
+        self._rows += batch.num_rows
+        if self._rows >= TMP_ROWS:
+            self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self.files.append((self._path, self._rows))
+            self._writer = self._sink = None
+            self._rows = 0
+
+
+def write_task(
+    batches: Iterable[pa.RecordBatch],
+    paths: list[str],
+    last: tuple[int, int],
+    options: Options,
+    tmp_dir: str,
+    *,
+    build: bool = False,
+    max_items: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Stage 3 in one decode: the keys table of :func:`keys_task`, the frames written to ``tmp_dir`` (``kind`` 3: path, rows)."""
+    keyed = _Keyed(batches, paths, last, options)
+    rk = _RecordKeys()
+    parts = _Parts(max_items) if build else None
+    out = _TmpFrames(tmp_dir)
+    for chunk, run_k1, run_ck in keyed.chunks():
+        k1, k2 = rk.keys(run_k1, chunk.counts)
+        if len(k1):
+            starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
+            yield _keys_batch(0, k1[starts], np.diff(np.append(starts, len(k1))))
+            ck = np.repeat(np.array(run_ck, np.int64), np.array(chunk.counts, np.int64))
+            b = spark_batch(chunk_batch(chunk))
+            out.write(pa.RecordBatch.from_arrays([*b.columns, pa.array(k1), pa.array(k2), pa.array(ck)], schema=_TMP_SCHEMA))
+        if parts is not None:
+            parts.feed(chunk, k1, k2, run_ck)
+    out.close()
+    adopted, labels = keyed.adopted, keyed.labels
+    if adopted:
+        ids = sorted(adopted)
+        yield _keys_batch(1, [adopted[i] for i in ids], label=[labels[i] for i in ids])
+    if parts is not None:
+        for c, blob in parts.parts(max_items):
+            yield _keys_batch(2, [c], blob=[blob])
+    if out.files:
+        yield _keys_batch(3, [0] * len(out.files), [n for _, n in out.files], label=[p for p, _ in out.files])
+
+
+RENUMBER_DDL = "index int, rows long, ts long, type string, name string"
+
+
+def renumber_task(batches: Iterable[pa.RecordBatch], numbering: Numbering, out_dir: str, stride: int = 0) -> Iterator[pa.RecordBatch]:
+    """Each temporary file (rows ``index``, ``path``) -> ``out_dir/part-<index>.parquet`` with the global numbers.
+
+    Yields (index, rows) per file, and with ``stride`` the ``ts`` (ns),
+    ``type`` and ``name`` of every ``stride``-th frame (a sample for the report).
+    """
+    import pyarrow.parquet as pq
+
+    cks = np.array(sorted(numbering.conn_ids), np.int64)
+    ids = np.array([numbering.conn_ids[c] for c in cks.tolist()], np.int32)
+    where = {name: i for i, name in enumerate(SPARK_SCHEMA.names)}
+    schema = pa.schema([("index", pa.int32()), ("rows", pa.int64()), ("ts", pa.int64()), ("type", pa.string()), ("name", pa.string())])
+    for batch in batches:
+        for index, src in zip(batch.column("index").to_pylist(), batch.column("path").to_pylist(), strict=True):
+            fs, p = _fs(src)
+            dfs, dp = _fs(f"{out_dir}/part-{index:05d}.parquet")
+            rows = 0
+            with fs.open_input_file(p) as f, dfs.open_output_stream(dp) as sink, pq.ParquetWriter(sink, SPARK_SCHEMA) as w:
+                reader = pa.ipc.open_file(f)
+                for i in range(reader.num_record_batches):
+                    b = reader.get_batch(i)
+                    k1, k2, ck = (b.column(k).to_numpy() for k in ("_k1", "_k2", "_ck"))
+                    frame = numbering.frame_numbers(k1, k2)
+                    cols = b.columns[: len(SPARK_SCHEMA)]
+                    cols[where["frame"]] = pa.array(frame)
+                    cols[where["conn_id"]] = pa.array(ids[np.searchsorted(cks, ck)])
+                    out = pa.RecordBatch.from_arrays(cols, schema=SPARK_SCHEMA)
+                    w.write_batch(out)
+                    rows += b.num_rows
+                    if stride:
+                        pick = pa.array(np.flatnonzero((frame - 1) % stride == 0))
+                        m = len(pick)
+                        ts = pc.multiply(pc.cast(out.column("ts").take(pick), pa.int64()), 1000)
+                        yield pa.RecordBatch.from_arrays(
+                            [
+                                pa.nulls(m, pa.int32()),
+                                pa.nulls(m, pa.int64()),
+                                ts,
+                                out.column("type").take(pick),
+                                out.column("name").take(pick),
+                            ],
+                            schema=schema,
+                        )
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([index], pa.int32()), pa.array([rows], pa.int64()), *(pa.nulls(1, f.type) for f in list(schema)[2:])],
+                schema=schema,
+            )
+
+
+def _rmtree(path: str) -> None:
+    fs, p = _fs(path)
+    from pyarrow import fs as pafs
+
+    if fs.get_file_info(p).type != pafs.FileType.NotFound:
+        fs.delete_dir(p)
+
+
+def write_frames(
+    data: Any,
+    paths: list[str],
+    out_dir: str,
+    *,
+    last: tuple[int, int],
+    options: Options = Options(),
+    build: bool = False,
+    max_items: int | None = None,
+    partitions: int = 2,
+    sample: int = 0,
+) -> tuple[Numbering, list[_ConnPart], pa.Table | None]:
+    """Stage 3 over :func:`by_connection` output, one decode: the frames table as parquet under ``out_dir`` (replaced).
+
+    Returns what :func:`collect_keys` returns for the keys pass (with
+    ``build``, every connection's timeline part), and with ``sample`` the
+    ``ts`` (ns), ``type`` and ``name`` of at most that many frames, evenly
+    spaced (for the report).  ``out_dir`` is a local path or any URI
+    ``pyarrow.fs`` opens that the executors share.
+    """
+    import uuid
+
+    out = str(out_dir).rstrip("/")
+    tmp = f"{out.rpartition('/')[0] or '.'}/_dcpinspect-tmp-{uuid.uuid4().hex}"
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from gc_paused(write_task(batches, paths, last, options, tmp, build=build, max_items=max_items))
+
+    picked = None
+    try:
+        num, parts, files = _collect(data.mapInArrow(run, KEYS_DDL).toArrow())
+        _rmtree(out)
+        fs, p = _fs(out)
+        fs.create_dir(p, recursive=True)
+        if files:
+            spark = data.sparkSession
+            todo = spark.createDataFrame(list(enumerate(p for p, _ in files)), "index int, path string")
+            todo = todo.repartition(max(1, min(len(files), partitions)), "index")
+            stride = -(-num.frames // sample) if sample else 0
+
+            def renumber(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                yield from renumber_task(batches, num, out, stride)
+
+            done = todo.mapInArrow(renumber, RENUMBER_DDL).toArrow()
+            written = pc.is_valid(done.column("index"))
+            if sorted(done.column("index").filter(written).to_pylist()) != list(range(len(files))):
+                raise RuntimeError("the frames table was not written whole")
+            if sample:
+                picked = done.filter(pc.invert(written)).select(["ts", "type", "name"]).sort_by("ts")
+        else:
+            import pyarrow.parquet as pq
+
+            with fs.open_output_stream(f"{p}/part-00000.parquet") as sink:
+                pq.write_table(SPARK_SCHEMA.empty_table(), sink)
+        with fs.open_output_stream(f"{p}/_SUCCESS"):
+            pass
+    finally:
+        _rmtree(tmp)
+    if sample and picked is None:
+        picked = pa.table({"ts": pa.array([], pa.int64()), "type": pa.array([], pa.string()), "name": pa.array([], pa.string())})
+    return num, parts, picked
 
 
 # --------------------------------------------------------------------------- stage 4: timelines
@@ -959,13 +1237,90 @@ def _rec_from(t: tuple[Any, ...]) -> Record:
     return Record(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], Frame(*t[9]), t[10])
 
 
-class _Parts:
-    """The per-connection TimelineBuilders of one task."""
+class _Thinner:
+    """Bounded memory for the items (and flow samples) of one connection's builder while a task runs.
 
-    def __init__(self) -> None:
+    Keeps at most ``2 n`` evenly spaced items per stream (every ``stride``-th,
+    the stride doubling as the stream grows), the true count and the last item
+    of each, and - before anything is dropped - where each vbucket's highest
+    item seqno rose (what :func:`_history` reads from the whole list).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.state: dict[int, list[Any]] = {}  # id(stream) -> [done, seen, stride, last]
+        self.best: dict[int, int] = {}  # vbucket -> highest item seqno so far
+        self.rises: dict[int, tuple[list[int], list[int]]] = {}  # vbucket -> (K, seqno) where it rose
+        self.flow = [0, 0, 1]  # done, seen, stride
+
+    def step(self, builder: Any) -> None:
+        """After each chunk: thin what the builder added."""
+        new_by_vb: dict[int, list[list[Any]]] = {}
+        for s in builder._streams:
+            st = self.state.get(id(s))
+            if st is None:
+                st = self.state[id(s)] = [0, 0, 1, None]
+            done, seen, stride, _last = st
+            items = s.items
+            if len(items) == done:
+                continue
+            new = items[done:]
+            new_by_vb.setdefault(s.vbucket, []).append(new)
+            kept = items[:done] + new[(-seen) % stride :: stride]
+            while len(kept) > 2 * self.n:
+                stride *= 2
+                kept = kept[::2]
+            s.items = kept
+            st[:] = [len(kept), seen + len(new), stride, new[-1]]
+        for vb, lists in new_by_vb.items():
+            its = lists[0] if len(lists) == 1 else sorted((it for x in lists for it in x), key=_FRAME)
+            best = self.best.get(vb, -1)
+            ks, qs = self.rises.setdefault(vb, ([], []))
+            for it in its:
+                q = it[3]
+                if q is not None and q > best:
+                    best = q
+                    ks.append(it[0])
+                    qs.append(q)
+            self.best[vb] = best
+        flow = builder._flow
+        done, seen, stride = self.flow
+        if len(flow) > done:
+            new = flow[done:]
+            kept = flow[:done] + new[(-seen) % stride :: stride]
+            while len(kept) > 2 * self.n:
+                stride *= 2
+                kept = kept[::2]
+            builder._flow = kept
+            self.flow = [len(kept), seen + len(new), stride]
+
+    def finish(self, builder: Any) -> None:
+        """Before the builder's timeline: each stream's true last item back at its end (the end-of-input checks read it)."""
+        self.step(builder)
+        for s in builder._streams:
+            st = self.state.get(id(s))
+            if st is not None and st[3] is not None and (not s.items or s.items[-1] is not st[3]):
+                s.items.append(st[3])
+
+    def count(self, s: Any) -> int:
+        """The true number of items of stream ``s``."""
+        st = self.state.get(id(s))
+        return len(s.items) if st is None else st[1]
+
+    def history(self) -> dict[int, bytes]:
+        """:func:`_history` of everything fed, kept or not."""
+        return {vb: _rises_blob(ks, qs) for vb, (ks, qs) in self.rises.items() if ks}
+
+
+class _Parts:
+    """The per-connection TimelineBuilders of one task (with ``max_items``, their items thinned as they come: bounded memory)."""
+
+    def __init__(self, max_items: int | None = None) -> None:
         from .timeline import TimelineBuilder
 
         self._new = TimelineBuilder
+        self.max_items = max_items
+        self.thinners: dict[int, _Thinner] = {}
         self.builders: dict[int, Any] = {}
         self.first: dict[int, int] = {}
         self.born: dict[int, list[int]] = {}
@@ -1016,17 +1371,26 @@ class _Parts:
                         elif op == 0x56 and raw[4] != 20:  # a v2 marker: may carry the purge seqno
                             self.markers[c][key] = rec
             i += n
+        if self.max_items is not None:
+            for c in set(run_ck):
+                th = self.thinners.get(c)
+                if th is None:
+                    th = self.thinners[c] = _Thinner(self.max_items)
+                th.step(builders[c])
 
     def parts(self, max_items: int | None) -> Iterator[tuple[int, bytes]]:
         import pickle
 
         for c, bl in self.builders.items():
+            th = self.thinners.get(c)
+            if th is not None:
+                th.finish(bl)
             t = bl.timeline()
             purge = {sn.frame for s in t.streams for sn in s.snapshots if isinstance(sn.purge_seqno, int)}
             ctl = self.control[c] + [r for k, r in self.markers[c].items() if k in purge]
             ctl.sort(key=lambda r: r.number)
-            counts = [len(s.items) for s in t.streams]
-            history = _history(t.streams)
+            counts = [len(s.items) if th is None else th.count(s) for s in t.streams]
+            history = _history(t.streams) if th is None else th.history()
             flow = t.flow
             if max_items is not None:
                 for s in t.streams:
@@ -1067,13 +1431,10 @@ def _history(streams: list[Any]) -> dict[int, bytes]:
     The driver reads, for every rollback of the capture, the highest seqno each
     connection had seen on the vbucket before it (:func:`_highest_before`).
     """
-    import zlib
-
     per_vb: dict[int, list[Any]] = {}
     for s in streams:
         per_vb.setdefault(s.vbucket, []).append(s.items)
     out: dict[int, bytes] = {}
-    mask = (1 << KSHIFT) - 1
     for vb, lists in per_vb.items():
         its = lists[0] if len(lists) == 1 else sorted((it for x in lists for it in x), key=_FRAME)
         ks = [it[0] for it in its if it[3] is not None]
@@ -1082,12 +1443,20 @@ def _history(streams: list[Any]) -> dict[int, bytes]:
         q = np.array([it[3] for it in its if it[3] is not None], np.uint64)
         best = np.maximum.accumulate(q)
         rose = np.flatnonzero(np.concatenate(([True], best[1:] > best[:-1])))  # where the highest seqno so far went up
-        kept = [ks[i] for i in rose.tolist()]
-        k1 = np.array([k >> KSHIFT for k in kept], np.int64)
-        k2 = np.array([k & mask for k in kept], np.int64)
-        blob = np.concatenate((np.diff(k1, prepend=0), k2, np.diff(q[rose], prepend=np.uint64(0)).view(np.int64)))
-        out[vb] = zlib.compress(blob.tobytes(), 1)
+        out[vb] = _rises_blob([ks[i] for i in rose.tolist()], q[rose])
     return out
+
+
+def _rises_blob(ks: list[int], qs: Any) -> bytes:
+    """(K, seqno) pairs where a vbucket's highest seqno rose, delta-coded and compressed (read by :func:`_unhistory`)."""
+    import zlib
+
+    mask = (1 << KSHIFT) - 1
+    q = np.asarray(qs, np.uint64)
+    k1 = np.array([k >> KSHIFT for k in ks], np.int64)
+    k2 = np.array([k & mask for k in ks], np.int64)
+    blob = np.concatenate((np.diff(k1, prepend=0), k2, np.diff(q, prepend=np.uint64(0)).view(np.int64)))
+    return zlib.compress(blob.tobytes(), 1)
 
 
 _FRAME = itemgetter(0)
@@ -1137,12 +1506,13 @@ def timelines(
     return keys_pass(by_connection(segs, partitions)[0], paths, last=last, options=options, build=True, max_items=max_items)
 
 
-def merge_timelines(parts: list[_ConnPart]) -> tuple[Any, dict[int, int]]:
+def merge_timelines(parts: list[_ConnPart], frames_of: Any = None) -> tuple[Any, dict[int, int]]:
     """The single-process :class:`~dcpinspect.timeline.Timeline` (still in keys) from the per-connection parts.
 
     Returns the timeline and the true item count of each stream (by index;
     items may have been thinned).  :func:`_renumber` then turns keys into
-    frame numbers.
+    frame numbers; with ``frames_of`` (many keys -> frame numbers) the items
+    get theirs here, made once.
     """
     import heapq
 
@@ -1152,7 +1522,8 @@ def merge_timelines(parts: list[_ConnPart]) -> tuple[Any, dict[int, int]]:
     for p in parts:
         if p.item_columns is not None:
             for (_, st), cols in zip(p.streams, p.item_columns, strict=True):
-                st.items = list(map(Item._make, zip(*cols, strict=True))) if cols else []
+                made = (frames_of(cols[0]), *cols[1:]) if cols and frames_of is not None else cols
+                st.items = list(map(Item._make, zip(*made, strict=True))) if made else []
             p.item_columns = None
     # the cross-connection replay (failover branches, rollback explanations)
     replay = TimelineBuilder()
@@ -1205,7 +1576,7 @@ class _Same(dict[int, int]):
 
 
 def _renumber(t: Any, f: Any, conn_of: dict[int, int], many: Any = None) -> None:
-    """Keys -> frame numbers and ``ck`` -> connection ids, in place, everywhere a Timeline holds them."""
+    """Keys -> frame numbers and ``ck`` -> connection ids, in place, everywhere a Timeline holds them (items only with ``many``)."""
 
     def g(v: int | None) -> int | None:
         return None if v is None else f(v)
@@ -1230,9 +1601,9 @@ def _renumber(t: Any, f: Any, conn_of: dict[int, int], many: Any = None) -> None
             a.frame, a.response_frame = f(a.frame), g(a.response_frame)
         for sn in s.snapshots:
             sn.frame, sn.last_frame = f(sn.frame), g(sn.last_frame)
-        if s.items:
+        if s.items and many is not None:
             items = s.items
-            new = many([it[0] for it in items]) if many is not None else [f(it[0]) for it in items]
+            new = many([it[0] for it in items])
             make = type(items[0])._make
             s.items = [make((k, *it[1:])) for k, it in zip(new, items, strict=True)]
         if s.end is not None:
@@ -1287,9 +1658,10 @@ class Pipeline:
         self.options = options
         self._segs: Any = None
         self._data: Any = None
-        self._last: tuple[int, int] | None = None
         self._keys: tuple[Numbering, list[_ConnPart], bool, int | None] | None = None
         self._timeline: tuple[Any, dict[int, int], int | None] | None = None
+        self._sum: tuple[list[tuple[Any, ...]], tuple[list[tuple[str, int]], tuple[int, int]]] | None = None
+        self._persisted = False
 
     def ranges(self) -> Any:
         """Stage 1: the byte ranges."""
@@ -1302,23 +1674,34 @@ class Pipeline:
             self._segs = segments(self.ranges()).persist()
         return self._segs
 
+    def _summary(self) -> tuple[list[tuple[Any, ...]], tuple[list[tuple[str, int]], tuple[int, int]]]:
+        """One small job over the persisted segments: the per-file status rows, and the connections' sizes and capture end."""
+        if self._sum is None:
+            t = self.segments().filter("kind != 0").select("kind", "file_index", "path", *_STATUS_INPUT, "ckey", "missing", "gpos", "ts")
+            rows = t.toArrow()
+            self._sum = (status_rows(rows), connection_sizes(rows))
+        return self._sum
+
+    def status_rows(self) -> list[tuple[Any, ...]]:
+        """The per-file status table's rows (:data:`STATUS_DDL`), on the driver."""
+        return self._summary()[0]
+
     def status(self) -> Any:
         """The per-file status table."""
-        return file_status(self.segments())
+        return self.spark.createDataFrame(self.status_rows(), STATUS_DDL)
 
-    def by_connection(self) -> Any:
-        """Segment metadata by connection, in capture order (persisted: read by the keys and the frames passes)."""
-        if self._data is None:
-            data, self._last = by_connection(self.segments(), self.partitions)
-            self._data = data.persist()
+    def by_connection(self, *, persist: bool = True) -> Any:
+        """Segment metadata by connection, in capture order (persisted unless ``persist`` is false: the keys and frames passes both read it)."""
+        if self._data is None or (persist and not self._persisted):
+            sizes = self._summary()[1]
+            data, _last = by_connection(self.segments(), self.partitions, sizes)
+            self._data = data.persist() if persist else data
+            self._persisted = persist
         return self._data
 
     def last(self) -> tuple[int, int]:
         """Where the capture ends (ts, capture position of its last TCP segment): see :func:`capture_end`."""
-        if self._last is None:
-            self.by_connection()
-        assert self._last is not None
-        return self._last
+        return self._summary()[1][1]
 
     def keys(self, *, build: bool = False, max_items: int | None = None) -> tuple[Numbering, list[_ConnPart]]:
         """Stage 3a, collected: the numbering (and with ``build`` the timeline part of each connection)."""
@@ -1329,6 +1712,25 @@ class Pipeline:
         num, parts = collect_keys(df)
         self._keys = (num, parts, build, max_items)
         return num, parts
+
+    def write_frames(
+        self, out_dir: str, *, build: bool = False, max_items: int | None = None, sample: int = 0
+    ) -> tuple[Numbering, pa.Table | None]:
+        """The frames table as parquet under ``out_dir``, in one decode (see :func:`write_frames`); with ``build`` the timelines too."""
+        num, parts, picked = write_frames(
+            self.by_connection(persist=self._persisted),
+            self.paths,
+            out_dir,
+            last=self.last(),
+            options=self.options,
+            build=build,
+            max_items=max_items,
+            partitions=self.partitions,
+            sample=sample,
+        )
+        self._keys = (num, parts, build, max_items)
+        self._timeline = None
+        return num, picked
 
     def numbering(self) -> Numbering:
         """Global frame and connection numbers (from the keys pass)."""
@@ -1348,8 +1750,8 @@ class Pipeline:
         if self._timeline is not None and self._timeline[2] == max_items:
             return self._timeline[0]
         num, parts = self.keys(build=True, max_items=max_items)
-        t, counts = merge_timelines(parts)
-        _renumber(t, num.frame, num.conn_ids, num.frames_of)
+        t, counts = merge_timelines(parts, num.frames_of)
+        _renumber(t, num.frame, num.conn_ids)
         self._timeline = (t, counts, max_items)
         return t
 
@@ -1359,13 +1761,11 @@ class Pipeline:
 
         t = self.timeline(max_items=max_items)
         counts = self._timeline[1] if self._timeline is not None else {}
-        tables = timeline_frames(t)
+        tables = timeline_frames(t, items=max_items is None)
         if max_items is not None:
             st = tables["streams"]
             if len(st):
                 st["items"] = [counts[i] for i in st["stream"]]
-            tables.pop("items", None)
-            tables.pop("flow", None)
         return tables
 
     def unpersist(self) -> None:
@@ -1374,8 +1774,8 @@ class Pipeline:
             if df is not None:
                 df.unpersist()
         self._data = self._segs = None
-        self._keys = self._timeline = None
-        self._last = None
+        self._keys = self._timeline = self._sum = None
+        self._persisted = False
 
 
 # --------------------------------------------------------------------------- the data source
@@ -1393,7 +1793,7 @@ def register_data_source(spark: Any) -> None:
 
 #: the timeline tables ``analyze`` writes (``items`` and ``flow`` too with ``items=True``)
 TIMELINE_TABLES = ("connections", "streams", "attempts", "snapshots", "failover", "rollbacks", "noops", "stalls", "anomalies")
-REPORT_ITEMS = 2000  # items per stream (and flow samples per connection) kept for the report when items are not written
+REPORT_ITEMS = 500  # items per stream (and flow samples per connection) kept for the report when items are not written
 
 
 def arrow_for_spark(df: Any) -> pa.Table:
@@ -1483,29 +1883,44 @@ def analyze(
     """
     out = str(out_dir).rstrip("/")
     p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, options=options)
+    limit = 200_000  # frames sampled for the report's plot
+    direct = "://" not in out and not _is_connect(spark)  # the driver holds the small tables: write them itself
+
+    def small(name: str, table: pa.Table) -> None:
+        if direct:
+            import pyarrow.parquet as pq
+
+            d = Path(out) / name
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            pq.write_table(table, d / "part-00000.parquet")
+        else:
+            spark.createDataFrame(table).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = round(now - clock[0], 3)
+        clock[0] = now
+
     try:
-        status = p.status()
-        rows = [r.asDict() for r in status.collect()]
-        status.write.mode("overwrite").parquet(f"{out}/file_status")
+        rows = [dict(zip(STATUS_NAMES, r, strict=True)) for r in p.status_rows()]
+        small("file_status", _status_table(rows))
+        lap("read and segments")
         max_items = None if items else REPORT_ITEMS
-        num, _parts = p.keys(build=True, max_items=max_items)  # one pass: the numbering and every connection's timeline
-        _write_frames(spark, p.frames(), f"{out}/frames")
+        # one decode: frames, numbering, timelines (and the report's sample of frames)
+        num, picked = p.write_frames(f"{out}/frames", build=True, max_items=max_items, sample=limit if report else 0)
         n = num.frames
+        lap("shuffle, decode, frames written")
+        t = p.timeline(max_items=max_items)
+        lap("timelines merged")
         tables = p.timeline_tables(max_items=max_items)
-        direct = "://" not in out and not _is_connect(spark)  # the driver holds these small tables: write them itself
         for name, df in tables.items():
             if name in TIMELINE_TABLES or items:
-                table = arrow_for_spark(df)
-                if direct:
-                    import pyarrow.parquet as pq
-
-                    d = Path(out) / name
-                    shutil.rmtree(d, ignore_errors=True)
-                    d.mkdir(parents=True)
-                    pq.write_table(table, d / "part-00000.parquet")
-                else:
-                    spark.createDataFrame(table).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
-        t = p.timeline(max_items=max_items)
+                small(name, arrow_for_spark(df))
+        lap("timeline tables written")
         res: dict[str, Any] = {
             "files": len(rows),
             "frames": n,
@@ -1513,21 +1928,15 @@ def analyze(
             "streams": len(t.streams),
             "anomalies": len(t.anomalies),
             "status": rows,
+            "timings": timings,
         }
         if report:
-            from pyspark.sql import functions as F
-
-            limit = 200_000
-            fr = spark.read.parquet(f"{out}/frames")  # read back (3 columns), not decoded again
-            sample = fr.select((F.unix_micros("ts") * 1000).alias("ts"), "type", "name")
-            sampled = n > limit
-            if sampled:
-                sample = sample.sample(fraction=limit / n, seed=1)
             from .report import render_report
 
             counts = {k: res[k] for k in ("files", "frames", "connections", "streams", "anomalies")}
-            page = render_report(t, sample.toArrow(), rows, counts=counts, sampled=sampled)
+            page = render_report(t, picked, rows, counts=counts, sampled=n > limit)
             _write_text(f"{out}/report.html", page)
+            lap("report")
     finally:
         p.unpersist()
     return res
@@ -1552,12 +1961,14 @@ def command(argv: list[str], *, out: TextIO) -> int:
     if not expand_paths(args.paths):
         sys.stderr.write("dcpinspect: error: no capture files match\n")
         return 2
+    t0 = time.perf_counter()
     try:
         spark = get_session(args.remote, master=args.master)
     except RuntimeError as exc:
         sys.stderr.write(f"dcpinspect: error: {exc}\n")
         return 2
     opts = Options(server_ports=tuple(args.port)) if args.port else Options()
+    started = time.perf_counter() - t0
     res = analyze(
         spark,
         args.paths,
@@ -1576,4 +1987,5 @@ def command(argv: list[str], *, out: TextIO) -> int:
         if st["status"] != "ok":
             reason = st["error"] or "; ".join(st["problems"])
             out.write(f"  {st['path']}: {st['status']}: {reason}\n")
+    out.write("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in {"session": started, **res["timings"]}.items()) + "\n")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import spec
@@ -31,8 +32,42 @@ def _df(rows: list[dict[str, Any]], columns: list[str], uint64: tuple[str, ...] 
     return df
 
 
-def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
-    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``)."""
+def _ts(values: list[int]) -> pd.DatetimeIndex:
+    return pd.to_datetime(np.array(values, np.int64), unit="ns", utc=True)
+
+
+def _items(streams: list[tuple[int, Stream]]) -> pd.DataFrame:
+    """One row per item, built column by column (millions of rows)."""
+    if not streams:
+        return _df([], ["stream", "seqno"], ("seqno",))
+    cols: dict[str, list[Any]] = {k: [] for k in ("stream", "conn", "vbucket", "frame", "ts", "name", "seqno", "snapshot")}
+    names: dict[int, str] = {}
+    for i, s in streams:
+        n = len(s.items)
+        frame, ts, opcode, seqno, snapshot = zip(*s.items, strict=True)
+        for op in set(opcode) - names.keys():
+            cmd = spec.COMMANDS.get(op)
+            names[op] = cmd.name if cmd else hex(op)
+        cols["stream"] += [i] * n
+        cols["conn"] += [s.conn] * n
+        cols["vbucket"] += [s.vbucket] * n
+        cols["frame"] += frame
+        cols["ts"] += ts
+        cols["name"] += map(names.__getitem__, opcode)
+        cols["seqno"] += seqno
+        cols["snapshot"] += snapshot
+    return pd.DataFrame({**cols, "ts": _ts(cols["ts"]), "seqno": pd.array(cols["seqno"], dtype=_U64)})
+
+
+def _flow(t: Timeline) -> pd.DataFrame:
+    if not t.flow:
+        return _df([], ["conn", "frame", "outstanding"])
+    conn, frame, ts, outstanding, event, size = zip(*t.flow, strict=True)
+    return pd.DataFrame({"conn": conn, "frame": frame, "ts": _ts(list(ts)), "outstanding": outstanding, "event": event, "size": size})
+
+
+def timeline_frames(t: Timeline, *, items: bool = True) -> dict[str, pd.DataFrame]:
+    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``); ``items=False`` leaves out items and flow."""
     sid = {id(s): i for i, s in enumerate(t.streams)}
     conns = [
         {
@@ -52,7 +87,8 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
         }
         for c in t.connections.values()
     ]
-    streams, attempts, snaps, items, rollbacks = [], [], [], [], []
+    streams, attempts, snaps, rollbacks = [], [], [], []
+    item_streams: list[tuple[int, Stream]] = []
     for s in t.streams:
         i = sid[id(s)]
         streams.append(
@@ -118,20 +154,8 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
                     "complete": sn.complete,
                 }
             )
-        for it in s.items:
-            cmd = spec.COMMANDS.get(it.opcode)
-            items.append(
-                {
-                    "stream": i,
-                    "conn": s.conn,
-                    "vbucket": s.vbucket,
-                    "frame": it.frame,
-                    "ts": pd.Timestamp(it.ts, unit="ns", tz="UTC"),
-                    "name": cmd.name if cmd else hex(it.opcode),
-                    "seqno": it.seqno,
-                    "snapshot": it.snapshot,
-                }
-            )
+        if items and s.items:
+            item_streams.append((i, s))
     failover = [
         {
             "vbucket": vb,
@@ -144,17 +168,6 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
         }
         for vb, branches in t.branches.items()
         for b in branches
-    ]
-    flow = [
-        {
-            "conn": f.conn,
-            "frame": f.frame,
-            "ts": pd.Timestamp(f.ts, unit="ns", tz="UTC"),
-            "outstanding": f.outstanding,
-            "event": f.event,
-            "size": f.size,
-        }
-        for f in t.flow
     ]
     anomalies = [
         {
@@ -171,7 +184,7 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
         for a in t.anomalies
     ]
     seq = ("start", "end", "uuid", "snap_start", "snap_end", "rollback_seqno", "predicted_rollback")
-    return {
+    tables: dict[str, pd.DataFrame | None] = {
         "connections": _df(conns, list(conns[0]) if conns else ["conn"]),
         "streams": _df(streams, list(streams[0]) if streams else ["stream"], ("last_seqno",)),
         "attempts": _df(attempts, list(attempts[0]) if attempts else ["stream", *seq], seq if attempts else ()),
@@ -180,18 +193,21 @@ def timeline_frames(t: Timeline) -> dict[str, pd.DataFrame]:
             list(snaps[0]) if snaps else ["stream"],
             ("start", "end", "max_visible", "high_completed", "purge_seqno", "high_prepared", "first_seqno", "last_seqno") if snaps else (),
         ),
-        "items": _df(items, list(items[0]) if items else ["stream", "seqno"], ("seqno",)),
+        "items": None,
         "failover": _df(failover, list(failover[0]) if failover else ["vbucket", "uuid", "seqno"], ("uuid", "seqno", "cut_by")),
         "rollbacks": _df(
             rollbacks,
             list(rollbacks[0]) if rollbacks else ["stream"],
             ("uuid", "start", "snap_start", "snap_end", "rollback_seqno", "predicted") if rollbacks else (),
         ),
-        "flow": _df(flow, list(flow[0]) if flow else ["conn", "frame", "outstanding"]),
+        "flow": None,
         "noops": _df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]),
         "stalls": _df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]),
         "anomalies": _df(anomalies, list(anomalies[0]) if anomalies else ["kind", "frames", "message"]),
     }
+    if items:
+        tables["items"], tables["flow"] = _items(item_streams), _flow(t)
+    return {k: v for k, v in tables.items() if v is not None}
 
 
 def _snap_type(flags: int) -> str:

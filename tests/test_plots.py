@@ -70,6 +70,24 @@ def test_seqnos_per_frame_axis_and_filters() -> None:
     assert fig.axes[0].get_xlabel() == "frame number"
 
 
+def test_a_legend_of_hundreds_of_streams_is_cut() -> None:
+    import copy
+
+    t = copy.copy(timeline("live-plain.pcap"))
+    few = plots.plot_seqnos(t).axes[0].get_legend()
+    assert few.get_title().get_text() == ""
+    shown = len(few.get_texts())
+    t.streams = [copy.copy(s) for _ in range(40) for s in t.streams]
+    for i, s in enumerate(t.streams):
+        s.vbucket = i  # every stream its own legend entry
+    ax = plots.plot_seqnos(t).axes[0]
+    handles, _ = ax.get_legend_handles_labels()
+    assert len(handles) > 12 and len(handles) >= shown
+    leg = ax.get_legend()
+    assert len(leg.get_texts()) == 12
+    assert leg.get_title().get_text() == f"12 of {len(handles)}"
+
+
 def test_uint64_max_is_labelled_max() -> None:
     t = timeline("seed-000-rollback-retry.pcap")
     import copy

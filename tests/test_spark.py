@@ -97,6 +97,7 @@ def check(spark: Any, paths: list[str], *, split_size: int, partitions: int) -> 
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w[k]}
+    check_written(p, want)
     status = {r["path"]: r for r in p.status().toArrow().to_pylist()}
     for path, info in st.files.items():
         s = status[path]
@@ -106,6 +107,30 @@ def check(spark: Any, paths: list[str], *, split_size: int, partitions: int) -> 
         assert s["packets"] == info["packets"]
         assert s["status"] == ("error" if info["error"] else "problems" if info["problems"] else "ok")
     return p
+
+
+def check_written(p: sp.Pipeline, want: list[dict[str, Any]]) -> None:
+    """The one-decode write (what analyze runs) gives the same table as parquet, committed, temporaries gone, numbering kept."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "frames"
+        (out / "stale.parquet").parent.mkdir()
+        (out / "stale.parquet").write_bytes(b"left by an earlier run")
+        num, picked = p.write_frames(str(out), sample=7)
+        got = pq.read_table(out).sort_by("frame")
+        assert got.schema == sp.SPARK_SCHEMA
+        assert got.to_pylist() == want
+        assert num.frames == len(want)
+        assert (out / "_SUCCESS").exists()
+        assert not (out / "stale.parquet").exists()
+        assert sorted(x.name for x in Path(d).iterdir()) == ["frames"]  # no temporary directory left
+        assert picked is not None and 0 < len(picked) <= 7 if want else len(picked) == 0
+        stride = -(-len(want) // 7) if want else 1
+        picked_frames = [w["frame"] for w in want if (w["frame"] - 1) % stride == 0]
+        assert sorted(picked.column("ts").to_pylist()) == sorted(int(want[f - 1]["ts"].timestamp() * 10**6) * 1000 for f in picked_frames)
 
 
 def check_timelines(p: sp.Pipeline, paths: list[str]) -> None:
@@ -129,6 +154,33 @@ def test_shipped_captures_match_single_process(spark: Any) -> None:
 def test_timelines_whatever_the_partitions(spark: Any) -> None:
     p = sp.Pipeline(spark, SHIPPED, split_size=10**9, partitions=1)
     check_timelines(p, SHIPPED)
+    p.unpersist()
+
+
+def test_timelines_from_the_one_decode_write(spark: Any, tmp_path: Path) -> None:
+    """write_frames(build=True) - analyze's single decode - gives the single-process timelines, with or without thinned items."""
+    p = sp.Pipeline(spark, SHIPPED, split_size=4096, partitions=3)
+    p.write_frames(str(tmp_path / "f"), build=True)
+    check_timelines(p, SHIPPED)
+    p.write_frames(str(tmp_path / "f"), build=True, max_items=3)
+    full = timeline_frames(build_timeline(read_records(sp.expand_paths(SHIPPED))))
+    thin = p.timeline_tables(max_items=3)
+    assert thin["streams"]["items"].tolist() == full["streams"]["items"].tolist()  # true counts
+    assert all(len(s.items) <= 3 for s in p.timeline(max_items=3).streams)
+    p.unpersist()
+
+
+def test_no_frames_still_writes_a_readable_table(spark: Any, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    empty = write_capture(tmp_path / "e.pcap", [], mss=500).path
+    p = sp.Pipeline(spark, [str(empty)], partitions=2)
+    num, picked = p.write_frames(str(tmp_path / "f"), sample=10)
+    assert num.frames == 0
+    assert picked is not None and picked.num_rows == 0
+    t = pq.read_table(tmp_path / "f")
+    assert t.num_rows == 0 and t.schema == sp.SPARK_SCHEMA
+    assert spark.read.parquet(str(tmp_path / "f")).count() == 0
     p.unpersist()
 
 
