@@ -127,10 +127,10 @@ def spark_run(paths: list[str], cores: int, split_size: int, out_dir: str, dataf
     out["frames+write"] = time.perf_counter() - t
     assert num.frames == res["frames"]
     t = time.perf_counter()
-    p.write_frames(out_dir, build=True, max_items=2000)
+    p.write_frames(out_dir, build=True, max_items=sp.REPORT_ITEMS)
     out["frames+timelines+write"] = time.perf_counter() - t
     t = time.perf_counter()
-    p.timeline(max_items=2000)
+    p.timeline(max_items=sp.REPORT_ITEMS)
     out["merge"] = time.perf_counter() - t
     out["pipeline"] = out["split+segments"] + out["status+sizes"] + out["frames+write"]
     out["analyze"] = out["split+segments"] + out["status+sizes"] + out["frames+timelines+write"] + out["merge"]

@@ -811,18 +811,31 @@ def keys_task(
     *,
     build: bool = False,
     max_items: int | None = None,
+    frames_to: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Stage 3a in one task: records per capture position (``kind`` 0), connections (1), and with ``build`` timeline parts (2)."""
+    """Stage 3a in one task: records per capture position (``kind`` 0), connections (1), and with ``build`` timeline parts (2).
+
+    With ``frames_to`` (a directory) it is stage 3 in one decode: the frames
+    are written there too, with their keys in place of the numbers (see
+    :func:`write_frames`), and each file is listed (``kind`` 3: path, rows).
+    """
     keyed = _Keyed(batches, paths, last, options)
     rk = _RecordKeys()
     parts = _Parts(max_items) if build else None
+    out = _TmpFrames(frames_to) if frames_to is not None else None
     for chunk, run_k1, run_ck in keyed.chunks():
         k1, k2 = rk.keys(run_k1, chunk.counts)
         if len(k1):
             starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
             yield _keys_batch(0, k1[starts], np.diff(np.append(starts, len(k1))))
+            if out is not None:
+                ck = np.repeat(np.array(run_ck, np.int64), np.array(chunk.counts, np.int64))
+                b = spark_batch(chunk_batch(chunk))
+                out.write(pa.RecordBatch.from_arrays([*b.columns, pa.array(k1), pa.array(k2), pa.array(ck)], schema=_TMP_SCHEMA))
         if parts is not None:
             parts.feed(chunk, k1, k2, run_ck)
+    if out is not None:
+        out.close()
     adopted, labels = keyed.adopted, keyed.labels
     if adopted:
         ids = sorted(adopted)
@@ -830,6 +843,8 @@ def keys_task(
     if parts is not None:
         for c, blob in parts.parts(max_items):
             yield _keys_batch(2, [c], blob=[blob])
+    if out is not None and out.files:
+        yield _keys_batch(3, [0] * len(out.files), [n for _, n in out.files], label=[p for p, _ in out.files])
 
 
 @dataclass
@@ -1028,43 +1043,6 @@ class _TmpFrames:
             self._rows = 0
 
 
-def write_task(
-    batches: Iterable[pa.RecordBatch],
-    paths: list[str],
-    last: tuple[int, int],
-    options: Options,
-    tmp_dir: str,
-    *,
-    build: bool = False,
-    max_items: int | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """Stage 3 in one decode: the keys table of :func:`keys_task`, the frames written to ``tmp_dir`` (``kind`` 3: path, rows)."""
-    keyed = _Keyed(batches, paths, last, options)
-    rk = _RecordKeys()
-    parts = _Parts(max_items) if build else None
-    out = _TmpFrames(tmp_dir)
-    for chunk, run_k1, run_ck in keyed.chunks():
-        k1, k2 = rk.keys(run_k1, chunk.counts)
-        if len(k1):
-            starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
-            yield _keys_batch(0, k1[starts], np.diff(np.append(starts, len(k1))))
-            ck = np.repeat(np.array(run_ck, np.int64), np.array(chunk.counts, np.int64))
-            b = spark_batch(chunk_batch(chunk))
-            out.write(pa.RecordBatch.from_arrays([*b.columns, pa.array(k1), pa.array(k2), pa.array(ck)], schema=_TMP_SCHEMA))
-        if parts is not None:
-            parts.feed(chunk, k1, k2, run_ck)
-    out.close()
-    adopted, labels = keyed.adopted, keyed.labels
-    if adopted:
-        ids = sorted(adopted)
-        yield _keys_batch(1, [adopted[i] for i in ids], label=[labels[i] for i in ids])
-    if parts is not None:
-        for c, blob in parts.parts(max_items):
-            yield _keys_batch(2, [c], blob=[blob])
-    if out.files:
-        yield _keys_batch(3, [0] * len(out.files), [n for _, n in out.files], label=[p for p, _ in out.files])
-
-
 RENUMBER_DDL = "index int, rows long, ts long, type string, name string"
 
 
@@ -1151,7 +1129,7 @@ def write_frames(
     tmp = f"{out.rpartition('/')[0] or '.'}/_dcpinspect-tmp-{uuid.uuid4().hex}"
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from gc_paused(write_task(batches, paths, last, options, tmp, build=build, max_items=max_items))
+        yield from gc_paused(keys_task(batches, paths, last, options, build=build, max_items=max_items, frames_to=tmp))
 
     picked = None
     try:
