@@ -803,6 +803,47 @@ def _keys_batch(kind: int, k1: Any, n: Any = None, label: list[str] | None = Non
     )
 
 
+class _Counts:
+    """Records per capture position, packed for the driver: ``kind`` 0 rows of at most :data:`COUNT_BLOCK` positions each.
+
+    ``k1`` is the number of positions, ``blob`` the positions (delta-coded:
+    they rise within a task) then their counts, as int64, zlib-compressed -
+    a few bytes per position instead of a row of its own (a capture has about
+    0.7 million positions with records per GiB).
+    """
+
+    def __init__(self) -> None:
+        self.k1: list[np.ndarray] = []
+        self.n: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, k1: np.ndarray, n: np.ndarray) -> Iterator[pa.RecordBatch]:
+        self.k1.append(k1)
+        self.n.append(n)
+        self.size += len(k1)
+        if self.size >= COUNT_BLOCK:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        if not self.size:
+            return
+        import zlib
+
+        k1, n = np.concatenate(self.k1).astype(np.int64), np.concatenate(self.n).astype(np.int64)
+        self.k1, self.n, self.size = [], [], 0
+        yield _keys_batch(0, [len(k1)], blob=[zlib.compress(np.concatenate((np.diff(k1, prepend=0), n)).tobytes(), 1)])
+
+
+def _uncount(m: int, blob: bytes) -> tuple[np.ndarray, np.ndarray]:
+    import zlib
+
+    a = np.frombuffer(zlib.decompress(blob), np.int64)
+    return np.cumsum(a[:m]), a[m:]
+
+
+COUNT_BLOCK = 1 << 18
+
+
 def keys_task(
     batches: Iterable[pa.RecordBatch],
     paths: list[str],
@@ -813,7 +854,7 @@ def keys_task(
     max_items: int | None = None,
     frames_to: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Stage 3a in one task: records per capture position (``kind`` 0), connections (1), and with ``build`` timeline parts (2).
+    """Stage 3a in one task: records per capture position (``kind`` 0, packed: see :class:`_Counts`), connections (1), and with ``build`` timeline parts (2).
 
     With ``frames_to`` (a directory) it is stage 3 in one decode: the frames
     are written there too, with their keys in place of the numbers (see
@@ -823,11 +864,12 @@ def keys_task(
     rk = _RecordKeys()
     parts = _Parts(max_items) if build else None
     out = _TmpFrames(frames_to) if frames_to is not None else None
+    counts = _Counts()
     for chunk, run_k1, run_ck in keyed.chunks():
         k1, k2 = rk.keys(run_k1, chunk.counts)
         if len(k1):
             starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
-            yield _keys_batch(0, k1[starts], np.diff(np.append(starts, len(k1))))
+            yield from counts.add(k1[starts], np.diff(np.append(starts, len(k1))))
             if out is not None:
                 ck = np.repeat(np.array(run_ck, np.int64), np.array(chunk.counts, np.int64))
                 b = spark_batch(chunk_batch(chunk))
@@ -836,6 +878,7 @@ def keys_task(
             parts.feed(chunk, k1, k2, run_ck)
     if out is not None:
         out.close()
+    yield from counts.flush()
     adopted, labels = keyed.adopted, keyed.labels
     if adopted:
         ids = sorted(adopted)
@@ -969,8 +1012,13 @@ def _collect(t: pa.Table) -> tuple[Numbering, list[_ConnPart], list[tuple[str, i
     counts = kind == 0
     conns = np.flatnonzero(kind == 1)
     labels = t.column("label").take(pa.array(conns)).to_pylist()
+    packed = [_uncount(m, b) for m, b in zip(k1[counts].tolist(), t.column("blob").filter(pa.array(counts)).to_pylist(), strict=True)]
+    empty = np.zeros(0, np.int64)
     num = Numbering.from_rows(
-        k1[counts].astype(np.int64), t.column("n").filter(pa.array(counts)).to_numpy().astype(np.int64), k1[conns].tolist(), labels
+        np.concatenate([p[0] for p in packed]) if packed else empty,
+        np.concatenate([p[1] for p in packed]) if packed else empty,
+        k1[conns].tolist(),
+        labels,
     )
     blobs = t.column("blob").filter(pa.array(kind == 2)).to_pylist()
     files = pa.array(kind == 3)

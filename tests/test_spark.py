@@ -326,3 +326,27 @@ print("ROWS", p.frames().count(), len(p.timeline().streams), type(s).__module__)
     assert rows == len(reference(SHIPPED[:2])[0])
     assert streams == len(build_timeline(read_records(SHIPPED[:2])).streams)
     assert "connect" in r.stdout
+
+
+def test_counts_packed_in_blocks_number_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys table's packed counts (many blocks, or one) give the same numbering; in process, no session."""
+    import pyarrow.compute as pc
+
+    path = str(write_capture(tmp_path / "c.pcap", conns(4, 30), mss=300).path)
+    ranges = sp.split_file(path, 1 << 30)
+    segs = pa.Table.from_batches([sp.range_segments(0, path, i, *r) for i, r in enumerate(ranges)])
+    segs = segs.filter(pc.equal(segs["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
+    data = segs.select(list(sp._SEG_INPUT))
+    last = (int(segs["ts"][-1].as_py()), int(pc.max(segs["gpos"]).as_py()))
+
+    def numbering() -> tuple[sp.Numbering, int]:
+        out = pa.Table.from_batches(list(sp.keys_task(data.to_batches(max_chunksize=7), [path], last, sp.Options(rows=5))))
+        return sp._collect(out)[0], pc.sum(pc.equal(out["kind"], 0)).as_py()
+
+    one, blocks_one = numbering()
+    monkeypatch.setattr(sp, "COUNT_BLOCK", 3)
+    many, blocks_many = numbering()
+    assert blocks_one == 1 and blocks_many > 5
+    assert one.frames == many.frames == len(reference([path])[0])
+    assert one.keys.tolist() == many.keys.tolist() and one.base.tolist() == many.base.tolist()
+    assert one.conn_ids == many.conn_ids
