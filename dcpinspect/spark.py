@@ -1840,7 +1840,8 @@ def arrow_for_spark(df: Any) -> pa.Table:
                 arr = pa.array(col, from_pandas=True)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 arr = pa.array([None if v is None else str(v) for v in col], pa.string())
-        arrays.append(pc.cast(arr, _spark_type(arr.type)))
+        # nanoseconds -> Spark's microseconds drops digits: allowed (only) there
+        arrays.append(pc.cast(arr, _spark_type(arr.type), safe=not pa.types.is_timestamp(arr.type)))
         names.append(str(name))
     return pa.Table.from_arrays(arrays, names=names)
 

@@ -33,7 +33,8 @@ if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
 
 from dcpinspect import spark as sp
 
-SHIPPED = sorted(str(p) for p in (Path(__file__).parent.parent / "captures").glob("*.pcap"))
+CAPTURES = Path(__file__).parent.parent / "captures"
+SHIPPED = sorted(str(p) for p in CAPTURES.glob("*.pcap"))
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
 
 
@@ -303,6 +304,22 @@ def test_analyze_command(spark: Any, tmp_path: Path) -> None:
     assert html.escape(hostile, quote=True) in page
     assert "data:image/png;base64," in page
     assert "not a pcap or pcapng capture" in page
+
+
+def test_analyze_items_and_flow(spark: Any, tmp_path: Path) -> None:
+    """With items=True the items and flow tables (one row per data message and ack) equal the single-process ones."""
+    import pyarrow.parquet as pq
+
+    paths = sorted(str(p) for p in CAPTURES.glob("live-*.pcap"))
+    res = sp.analyze(spark, paths, str(tmp_path / "o"), split_size=4096, partitions=3, items=True, report=False)
+    want = timeline_frames(build_timeline(read_records(paths)))
+    assert len(want["items"]) > 100 and len(want["flow"]) > 100
+    for name, order in (("items", ["stream", "frame"]), ("flow", ["frame", "event"])):
+        got = pq.read_table(tmp_path / "o" / name).sort_by([(c, "ascending") for c in order])
+        ref = sp.arrow_for_spark(want[name]).sort_by([(c, "ascending") for c in order])
+        assert got.schema == ref.schema, name
+        assert got.to_pylist() == ref.to_pylist(), name
+    assert res["frames"] == len(reference(paths)[0])
 
 
 def test_spark_connect(tmp_path: Path) -> None:
