@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, TextIO
@@ -853,16 +854,18 @@ def keys_task(
     build: bool = False,
     max_items: int | None = None,
     frames_to: str | None = None,
+    items_to: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Stage 3a in one task: records per capture position (``kind`` 0, packed: see :class:`_Counts`), connections (1), and with ``build`` timeline parts (2).
 
     With ``frames_to`` (a directory) it is stage 3 in one decode: the frames
     are written there too, with their keys in place of the numbers (see
-    :func:`write_frames`), and each file is listed (``kind`` 3: path, rows).
+    :func:`write_frames`), and each file is listed (``kind`` 3: path, rows);
+    with ``items_to`` every item and flow sample likewise (``kind`` 5 and 6).
     """
     keyed = _Keyed(batches, paths, last, options)
     rk = _RecordKeys()
-    parts = _Parts(max_items) if build else None
+    parts = _Parts(max_items, items_to) if build else None
     out = _TmpFrames(frames_to) if frames_to is not None else None
     counts = _Counts()
     for chunk, run_k1, run_ck in keyed.chunks():
@@ -886,8 +889,13 @@ def keys_task(
     if parts is not None:
         for c, blob in parts.parts(max_items):
             yield _keys_batch(2, [c], blob=[blob])
-    if out is not None and out.files:
-        yield _keys_batch(3, [0] * len(out.files), [n for _, n in out.files], label=[p for p, _ in out.files])
+    written = [(3, out)] if out is not None else []
+    if parts is not None and parts.out is not None:
+        parts.out.close()
+        written += [(5, parts.out.items), (6, parts.out.flow)]
+    for kind, w in written:
+        if w.files:
+            yield _keys_batch(kind, [0] * len(w.files), [n for _, n in w.files], label=[p for p, _ in w.files])
 
 
 @dataclass
@@ -1004,7 +1012,7 @@ def collect_keys(keys: Any) -> tuple[Numbering, list[_ConnPart]]:
     return num, parts
 
 
-def _collect(t: pa.Table) -> tuple[Numbering, list[_ConnPart], list[tuple[str, int]]]:
+def _collect(t: pa.Table) -> tuple[Numbering, list[_ConnPart], dict[str, list[tuple[str, int]]]]:
     import pickle
 
     kind = t.column("kind").to_numpy(zero_copy_only=False)
@@ -1021,9 +1029,14 @@ def _collect(t: pa.Table) -> tuple[Numbering, list[_ConnPart], list[tuple[str, i
         labels,
     )
     blobs = t.column("blob").filter(pa.array(kind == 2)).to_pylist()
-    files = pa.array(kind == 3)
-    written = list(zip(t.column("label").filter(files).to_pylist(), t.column("n").filter(files).to_pylist(), strict=True))
+    written = {}
+    for name, k in _WRITTEN.items():
+        files = pa.array(kind == k)
+        written[name] = list(zip(t.column("label").filter(files).to_pylist(), t.column("n").filter(files).to_pylist(), strict=True))
     return num, [pickle.loads(b) for b in blobs], written
+
+
+_WRITTEN = {"frames": 3, "items": 5, "flow": 6}  # keys table kinds listing the temporary files of each table
 
 
 def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: tuple[int, int], options: Options = Options()) -> Any:
@@ -1058,10 +1071,11 @@ _TMP_SCHEMA = pa.schema([*SPARK_SCHEMA, *_KEY_FIELDS])
 
 
 class _TmpFrames:
-    """Frames rows with their numbering keys, into temporary Arrow IPC files of at most :data:`TMP_ROWS` rows."""
+    """Rows with their numbering keys (frames by default), into temporary Arrow IPC files of at most :data:`TMP_ROWS` rows."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, schema: pa.Schema | None = None) -> None:
         self.directory = directory
+        self.schema = _TMP_SCHEMA if schema is None else schema
         self.files: list[tuple[str, int]] = []
         self._sink: Any = None
         self._writer: Any = None
@@ -1076,7 +1090,7 @@ class _TmpFrames:
             fs, p = _fs(self._path)
             fs.create_dir(p.rpartition("/")[0], recursive=True)
             self._sink = fs.open_output_stream(p)
-            self._writer = pa.ipc.new_file(self._sink, _TMP_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4"))
+            self._writer = pa.ipc.new_file(self._sink, self.schema, options=pa.ipc.IpcWriteOptions(compression="lz4"))
         self._writer.write_batch(batch)
         self._rows += batch.num_rows
         if self._rows >= TMP_ROWS:
@@ -1091,14 +1105,97 @@ class _TmpFrames:
             self._rows = 0
 
 
+_TS = pa.timestamp("us", tz="UTC")
+_ITEMS_TMP = pa.schema(
+    [(k, pa.int64()) for k in ("_b1", "_b2", "_ck", "vbucket", "_k1", "_k2", "ts")]
+    + [("opcode", pa.int16()), ("seqno", pa.uint64()), ("snapshot", pa.int64())]
+)
+_FLOW_TMP = pa.schema(
+    [(k, pa.int64()) for k in ("_ck", "_k1", "_k2", "ts", "outstanding")] + [("event", pa.string()), ("size", pa.int64())]
+)
+#: the items and flow tables as ``analyze --items`` writes them (what :func:`arrow_for_spark` makes of the timeline tables)
+ITEMS_SCHEMA = pa.schema(
+    [(k, pa.int64()) for k in ("stream", "conn", "vbucket", "frame")]
+    + [("ts", _TS), ("name", pa.string()), ("seqno", pa.decimal128(20, 0)), ("snapshot", pa.int64())]
+)
+FLOW_SCHEMA = pa.schema(
+    [("conn", pa.int64()), ("frame", pa.int64()), ("ts", _TS), ("outstanding", pa.int64()), ("event", pa.string()), ("size", pa.int64())]
+)
+_BATCH = 1 << 16
+
+
+class _ItemsOut:
+    """Every item and flow sample of a task's builders, with their keys, into temporary files (``analyze --items``)."""
+
+    def __init__(self, directory: str) -> None:
+        self.items = _TmpFrames(directory, _ITEMS_TMP)
+        self.flow = _TmpFrames(directory, _FLOW_TMP)
+        self._i: list[list[Any]] = [[] for _ in _ITEMS_TMP]
+        self._f: list[list[Any]] = [[] for _ in _FLOW_TMP]
+
+    def add_items(self, born: int, ck: int, vbucket: int, new: list[Any]) -> None:
+        mask = (1 << KSHIFT) - 1
+        n = len(new)
+        frame, ts, opcode, seqno, snapshot = zip(*new, strict=True)
+        cols = self._i
+        for col, v in zip(cols[:4], (born >> KSHIFT, born & mask, ck, vbucket), strict=True):
+            col.extend([v] * n)
+        cols[4] += [f >> KSHIFT for f in frame]
+        cols[5] += [f & mask for f in frame]
+        for col, vs in zip(cols[6:], (ts, opcode, seqno, snapshot), strict=True):
+            col.extend(vs)
+        if len(cols[0]) >= _BATCH:
+            self._flush_items()
+
+    def add_flow(self, new: list[Any]) -> None:
+        mask = (1 << KSHIFT) - 1
+        conn, frame, ts, outstanding, event, size = zip(*new, strict=True)
+        cols = self._f
+        cols[0] += conn
+        cols[1] += [f >> KSHIFT for f in frame]
+        cols[2] += [f & mask for f in frame]
+        for col, vs in zip(cols[3:], (ts, outstanding, event, size), strict=True):
+            col.extend(vs)
+        if len(cols[0]) >= _BATCH:
+            self._flush_flow()
+
+    def _flush_items(self) -> None:
+        if self._i[0]:
+            self.items.write(
+                pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(self._i, _ITEMS_TMP, strict=True)], schema=_ITEMS_TMP)
+            )
+            self._i = [[] for _ in _ITEMS_TMP]
+
+    def _flush_flow(self) -> None:
+        if self._f[0]:
+            self.flow.write(
+                pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(self._f, _FLOW_TMP, strict=True)], schema=_FLOW_TMP)
+            )
+            self._f = [[] for _ in _FLOW_TMP]
+
+    def close(self) -> None:
+        self._flush_items()
+        self._flush_flow()
+        self.items.close()
+        self.flow.close()
+
+
 RENUMBER_DDL = "index int, rows long, ts long, type string, name string"
 
 
-def renumber_task(batches: Iterable[pa.RecordBatch], numbering: Numbering, out_dir: str, stride: int = 0) -> Iterator[pa.RecordBatch]:
-    """Each temporary file (rows ``index``, ``path``) -> ``out_dir/part-<index>.parquet`` with the global numbers.
+def renumber_task(
+    batches: Iterable[pa.RecordBatch],
+    numbering: Numbering,
+    outs: dict[str, str],
+    stride: int = 0,
+    streams: dict[tuple[int, int], int] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Each temporary file (rows ``index``, ``path``, ``table``) -> ``outs[table]/part-<index>.parquet`` with the global numbers.
 
     Yields (index, rows) per file, and with ``stride`` the ``ts`` (ns),
-    ``type`` and ``name`` of every ``stride``-th frame (a sample for the report).
+    ``type`` and ``name`` of every ``stride``-th frame (a sample for the
+    report).  Items name their stream by its index in the merged timeline:
+    ``streams`` maps the key of the record that created each stream to it.
     """
     import pyarrow.parquet as pq
 
@@ -1106,23 +1203,31 @@ def renumber_task(batches: Iterable[pa.RecordBatch], numbering: Numbering, out_d
     ids = np.array([numbering.conn_ids[c] for c in cks.tolist()], np.int32)
     where = {name: i for i, name in enumerate(SPARK_SCHEMA.names)}
     schema = pa.schema([("index", pa.int32()), ("rows", pa.int64()), ("ts", pa.int64()), ("type", pa.string()), ("name", pa.string())])
+    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_SCHEMA, "flow": FLOW_SCHEMA}
     for batch in batches:
-        for index, src in zip(batch.column("index").to_pylist(), batch.column("path").to_pylist(), strict=True):
+        for index, src, table in zip(*(batch.column(k).to_pylist() for k in ("index", "path", "table")), strict=True):
             fs, p = _fs(src)
-            dfs, dp = _fs(f"{out_dir}/part-{index:05d}.parquet")
+            dfs, dp = _fs(f"{outs[table]}/part-{index:05d}.parquet")
             rows = 0
-            with fs.open_input_file(p) as f, dfs.open_output_stream(dp) as sink, pq.ParquetWriter(sink, SPARK_SCHEMA) as w:
+            with fs.open_input_file(p) as f, dfs.open_output_stream(dp) as sink, pq.ParquetWriter(sink, schemas[table]) as w:
                 reader = pa.ipc.open_file(f)
                 for i in range(reader.num_record_batches):
                     b = reader.get_batch(i)
-                    k1, k2, ck = (b.column(k).to_numpy() for k in ("_k1", "_k2", "_ck"))
-                    frame = numbering.frame_numbers(k1, k2)
+                    frame = numbering.frame_numbers(b.column("_k1").to_numpy(), b.column("_k2").to_numpy())
+                    conn = ids[np.searchsorted(cks, b.column("_ck").to_numpy())]
+                    rows += b.num_rows
+                    if table == "items":
+                        w.write_batch(_items_batch(b, frame, conn, streams or {}))
+                        continue
+                    if table == "flow":
+                        cols = [pa.array(conn, pa.int64()), pa.array(frame), _us(b.column("ts")), *b.columns[4:]]
+                        w.write_batch(pa.RecordBatch.from_arrays(cols, schema=FLOW_SCHEMA))
+                        continue
                     cols = b.columns[: len(SPARK_SCHEMA)]
                     cols[where["frame"]] = pa.array(frame)
-                    cols[where["conn_id"]] = pa.array(ids[np.searchsorted(cks, ck)])
+                    cols[where["conn_id"]] = pa.array(conn)
                     out = pa.RecordBatch.from_arrays(cols, schema=SPARK_SCHEMA)
                     w.write_batch(out)
-                    rows += b.num_rows
                     if stride:
                         pick = pa.array(np.flatnonzero((frame - 1) % stride == 0))
                         m = len(pick)
@@ -1141,6 +1246,36 @@ def renumber_task(batches: Iterable[pa.RecordBatch], numbering: Numbering, out_d
                 [pa.array([index], pa.int32()), pa.array([rows], pa.int64()), *(pa.nulls(1, f.type) for f in list(schema)[2:])],
                 schema=schema,
             )
+
+
+def _us(ns: pa.Array) -> pa.Array:
+    """Nanoseconds since the epoch as Spark's timestamps (microseconds, UTC; the digits below are dropped)."""
+    return pa.array(ns.to_numpy() // 1000, _TS)
+
+
+@cache
+def _opcode_names() -> pa.Array:
+    names = []
+    for op in range(1 << 8):
+        cmd = spec.COMMANDS.get(op)
+        names.append(cmd.name if cmd else hex(op))
+    return pa.array(names)
+
+
+def _items_batch(b: pa.RecordBatch, frame: np.ndarray, conn: np.ndarray, streams: dict[tuple[int, int], int]) -> pa.RecordBatch:
+    pairs, inv = np.unique(np.stack([b.column("_b1").to_numpy(), b.column("_b2").to_numpy()], 1), axis=0, return_inverse=True)
+    stream = np.array([streams[(int(x), int(y))] for x, y in pairs.tolist()], np.int64)[inv.reshape(-1)]
+    cols = [
+        pa.array(stream),
+        pa.array(conn, pa.int64()),
+        b.column("vbucket"),
+        pa.array(frame),
+        _us(b.column("ts")),
+        _opcode_names().take(b.column("opcode")),
+        pc.cast(b.column("seqno"), pa.decimal128(20, 0)),
+        b.column("snapshot"),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=ITEMS_SCHEMA)
 
 
 def _rmtree(path: str) -> None:
@@ -1162,51 +1297,67 @@ def write_frames(
     max_items: int | None = None,
     partitions: int = 2,
     sample: int = 0,
+    items_out: tuple[str, str] | None = None,
 ) -> tuple[Numbering, list[_ConnPart], pa.Table | None]:
     """Stage 3 over :func:`by_connection` output, one decode: the frames table as parquet under ``out_dir`` (replaced).
 
     Returns what :func:`collect_keys` returns for the keys pass (with
     ``build``, every connection's timeline part), and with ``sample`` the
     ``ts`` (ns), ``type`` and ``name`` of at most that many frames, evenly
-    spaced (for the report).  ``out_dir`` is a local path or any URI
-    ``pyarrow.fs`` opens that the executors share.
+    spaced (for the report).  With ``items_out`` (two directories; needs
+    ``build`` and ``max_items``) the items and flow tables are written there
+    the same way, every row, while the parts keep ``max_items`` items per
+    stream.  The directories are local paths or any URIs ``pyarrow.fs`` opens
+    that the executors share.
     """
     import uuid
 
     out = str(out_dir).rstrip("/")
     tmp = f"{out.rpartition('/')[0] or '.'}/_dcpinspect-tmp-{uuid.uuid4().hex}"
+    items_to = tmp if items_out is not None else None
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from gc_paused(keys_task(batches, paths, last, options, build=build, max_items=max_items, frames_to=tmp))
+        yield from gc_paused(keys_task(batches, paths, last, options, build=build, max_items=max_items, frames_to=tmp, items_to=items_to))
 
+    outs = {"frames": out}
+    if items_out is not None:
+        outs |= {"items": str(items_out[0]).rstrip("/"), "flow": str(items_out[1]).rstrip("/")}
+    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_SCHEMA, "flow": FLOW_SCHEMA}
     picked = None
     try:
         num, parts, files = _collect(data.mapInArrow(run, KEYS_DDL).toArrow())
-        _rmtree(out)
-        fs, p = _fs(out)
-        fs.create_dir(p, recursive=True)
-        if files:
+        for d in outs.values():
+            _rmtree(d)
+            fs, p = _fs(d)
+            fs.create_dir(p, recursive=True)
+        todo = [(path, table) for table in outs for path, _ in files[table]]
+        if todo:
             spark = data.sparkSession
-            todo = spark.createDataFrame(list(enumerate(p for p, _ in files)), "index int, path string")
-            todo = todo.repartition(max(1, min(len(files), partitions)), "index")
+            jobs = spark.createDataFrame([(i, path, table) for i, (path, table) in enumerate(todo)], "index int, path string, table string")
+            jobs = jobs.repartition(max(1, min(len(todo), partitions)), "index")
             stride = -(-num.frames // sample) if sample else 0
+            mask = (1 << KSHIFT) - 1
+            born = sorted(k for part in parts for k, _ in part.streams) if items_out is not None else []
+            streams = {(k >> KSHIFT, k & mask): i for i, k in enumerate(born)}
 
             def renumber(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                yield from renumber_task(batches, num, out, stride)
+                yield from renumber_task(batches, num, outs, stride, streams)
 
-            done = todo.mapInArrow(renumber, RENUMBER_DDL).toArrow()
+            done = jobs.mapInArrow(renumber, RENUMBER_DDL).toArrow()
             written = pc.is_valid(done.column("index"))
-            if sorted(done.column("index").filter(written).to_pylist()) != list(range(len(files))):
+            if sorted(done.column("index").filter(written).to_pylist()) != list(range(len(todo))):
                 raise RuntimeError("the frames table was not written whole")
             if sample:
                 picked = done.filter(pc.invert(written)).select(["ts", "type", "name"]).sort_by("ts")
-        else:
-            import pyarrow.parquet as pq
+        for table, d in outs.items():
+            fs, p = _fs(d)
+            if not files[table]:
+                import pyarrow.parquet as pq
 
-            with fs.open_output_stream(f"{p}/part-00000.parquet") as sink:
-                pq.write_table(SPARK_SCHEMA.empty_table(), sink)
-        with fs.open_output_stream(f"{p}/_SUCCESS"):
-            pass
+                with fs.open_output_stream(f"{p}/part-00000.parquet") as sink:
+                    pq.write_table(schemas[table].empty_table(), sink)
+            with fs.open_output_stream(f"{p}/_SUCCESS"):
+                pass
     finally:
         _rmtree(tmp)
     if sample and picked is None:
@@ -1272,8 +1423,9 @@ class _Thinner:
     item seqno rose (what :func:`_history` reads from the whole list).
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, out: _ItemsOut | None = None, born: list[int] | None = None, ck: int = 0) -> None:
         self.n = n
+        self.out, self.born, self.ck = out, born, ck  # with ``out``, every item and flow sample is written there first
         self.state: dict[int, list[Any]] = {}  # id(stream) -> [done, seen, stride, last]
         self.best: dict[int, int] = {}  # vbucket -> highest item seqno so far
         self.rises: dict[int, tuple[list[int], list[int]]] = {}  # vbucket -> (K, seqno) where it rose
@@ -1282,7 +1434,8 @@ class _Thinner:
     def step(self, builder: Any) -> None:
         """After each chunk: thin what the builder added."""
         new_by_vb: dict[int, list[list[Any]]] = {}
-        for s in builder._streams:
+        out = self.out
+        for i, s in enumerate(builder._streams):
             st = self.state.get(id(s))
             if st is None:
                 st = self.state[id(s)] = [0, 0, 1, None]
@@ -1291,6 +1444,8 @@ class _Thinner:
             if len(items) == done:
                 continue
             new = items[done:]
+            if out is not None and self.born is not None:
+                out.add_items(self.born[i], self.ck, s.vbucket, new)
             new_by_vb.setdefault(s.vbucket, []).append(new)
             kept = items[:done] + new[(-seen) % stride :: stride]
             while len(kept) > 2 * self.n:
@@ -1313,6 +1468,8 @@ class _Thinner:
         done, seen, stride = self.flow
         if len(flow) > done:
             new = flow[done:]
+            if out is not None:
+                out.add_flow(new)
             kept = flow[:done] + new[(-seen) % stride :: stride]
             while len(kept) > 2 * self.n:
                 stride *= 2
@@ -1341,11 +1498,14 @@ class _Thinner:
 class _Parts:
     """The per-connection TimelineBuilders of one task (with ``max_items``, their items thinned as they come: bounded memory)."""
 
-    def __init__(self, max_items: int | None = None) -> None:
+    def __init__(self, max_items: int | None = None, items_to: str | None = None) -> None:
         from .timeline import TimelineBuilder
 
+        if items_to is not None and max_items is None:
+            raise ValueError("items_to needs max_items")
         self._new = TimelineBuilder
         self.max_items = max_items
+        self.out = _ItemsOut(items_to) if items_to is not None else None
         self.thinners: dict[int, _Thinner] = {}
         self.builders: dict[int, Any] = {}
         self.first: dict[int, int] = {}
@@ -1401,7 +1561,7 @@ class _Parts:
             for c in set(run_ck):
                 th = self.thinners.get(c)
                 if th is None:
-                    th = self.thinners[c] = _Thinner(self.max_items)
+                    th = self.thinners[c] = _Thinner(self.max_items, self.out, self.born[c], c)
                 th.step(builders[c])
 
     def parts(self, max_items: int | None) -> Iterator[tuple[int, bytes]]:
@@ -1740,7 +1900,13 @@ class Pipeline:
         return num, parts
 
     def write_frames(
-        self, out_dir: str, *, build: bool = False, max_items: int | None = None, sample: int = 0
+        self,
+        out_dir: str,
+        *,
+        build: bool = False,
+        max_items: int | None = None,
+        sample: int = 0,
+        items_out: tuple[str, str] | None = None,
     ) -> tuple[Numbering, pa.Table | None]:
         """The frames table as parquet under ``out_dir``, in one decode (see :func:`write_frames`); with ``build`` the timelines too."""
         num, parts, picked = write_frames(
@@ -1753,6 +1919,7 @@ class Pipeline:
             max_items=max_items,
             partitions=self.partitions,
             sample=sample,
+            items_out=items_out,
         )
         self._keys = (num, parts, build, max_items)
         self._timeline = None
@@ -1905,8 +2072,10 @@ def analyze(
 
     Tables: ``frames``, ``file_status`` and the timeline tables of
     :data:`TIMELINE_TABLES` (plus ``items`` and ``flow`` with ``items``), each a
-    directory of parquet files.  Without ``items`` each stream keeps at most
-    :data:`REPORT_ITEMS` items for the plots (the counts stay exact).
+    directory of parquet files.  The merged timeline keeps at most
+    :data:`REPORT_ITEMS` items per stream for the plots (the counts stay
+    exact); with ``items`` every item and flow sample is written by the tasks
+    that decode them, as the frames are.
     """
     out = str(out_dir).rstrip("/")
     p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, options=options)
@@ -1936,16 +2105,22 @@ def analyze(
         rows = [dict(zip(STATUS_NAMES, r, strict=True)) for r in p.status_rows()]
         small("file_status", _status_table(rows))
         lap("read and segments")
-        max_items = None if items else REPORT_ITEMS
-        # one decode: frames, numbering, timelines (and the report's sample of frames)
-        num, picked = p.write_frames(f"{out}/frames", build=True, max_items=max_items, sample=limit if report else 0)
+        max_items = REPORT_ITEMS
+        # one decode: frames, numbering, timelines (and the report's sample of frames; every item and flow sample with items)
+        num, picked = p.write_frames(
+            f"{out}/frames",
+            build=True,
+            max_items=max_items,
+            sample=limit if report else 0,
+            items_out=(f"{out}/items", f"{out}/flow") if items else None,
+        )
         n = num.frames
         lap("shuffle, decode, frames written")
         t = p.timeline(max_items=max_items)
         lap("timelines merged")
         tables = p.timeline_tables(max_items=max_items)
         for name, df in tables.items():
-            if name in TIMELINE_TABLES or items:
+            if name in TIMELINE_TABLES:
                 small(name, arrow_for_spark(df))
         lap("timeline tables written")
         res: dict[str, Any] = {

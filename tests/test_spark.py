@@ -345,16 +345,57 @@ print("ROWS", p.frames().count(), len(p.timeline().streams), type(s).__module__)
     assert "connect" in r.stdout
 
 
+def _in_process(paths: list[str]) -> tuple[pa.Table, tuple[int, int]]:
+    """The segment metadata of ``paths`` by connection, in capture order, and the capture end - as by_connection gives a task."""
+    import pyarrow.compute as pc
+
+    tables = []
+    for fi, path in enumerate(paths):
+        tables += [sp.range_segments(fi, path, i, *r) for i, r in enumerate(sp.split_file(path, 1 << 30))]
+    segs = pa.Table.from_batches(tables)
+    segs = segs.filter(pc.equal(segs["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
+    last = (int(segs["ts"][pc.index(segs["gpos"], pc.max(segs["gpos"])).as_py()].as_py()), int(pc.max(segs["gpos"]).as_py()))
+    return segs.select(list(sp._SEG_INPUT)), last
+
+
+def test_items_written_in_small_batches_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """analyze --items' task side in process: items and flow in many tiny batches and files, renumbered, equal single process."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(sp, "_BATCH", 3)
+    monkeypatch.setattr(sp, "TMP_ROWS", 7)
+    paths = sorted(str(p) for p in CAPTURES.glob("live-*.pcap"))
+    data, last = _in_process(paths)
+    keys = pa.Table.from_batches(
+        list(
+            sp.keys_task(
+                data.to_batches(max_chunksize=11), paths, last, sp.Options(rows=9), build=True, max_items=2, items_to=str(tmp_path / "t")
+            )
+        )
+    )
+    num, parts, files = sp._collect(keys)
+    assert len(files["items"]) > 10 and len(files["flow"]) > 10
+    outs = {"items": str(tmp_path / "items"), "flow": str(tmp_path / "flow")}
+    for d in outs.values():
+        Path(d).mkdir()
+    born = sorted(k for part in parts for k, _ in part.streams)
+    streams = {(k >> sp.KSHIFT, k & ((1 << sp.KSHIFT) - 1)): i for i, k in enumerate(born)}
+    todo = [(i, path, table) for i, (path, table) in enumerate((p, t) for t in outs for p, _ in files[t])]
+    batch = pa.RecordBatch.from_pydict({"index": [t[0] for t in todo], "path": [t[1] for t in todo], "table": [t[2] for t in todo]})
+    list(sp.renumber_task([batch], num, outs, 0, streams))
+    want = timeline_frames(build_timeline(read_records(paths)))
+    for name, order in (("items", ["stream", "frame"]), ("flow", ["frame", "event"])):
+        got = pq.read_table(outs[name]).sort_by([(c, "ascending") for c in order])
+        assert got.to_pylist() == sp.arrow_for_spark(want[name]).sort_by([(c, "ascending") for c in order]).to_pylist(), name
+    assert all(len(cols[0]) <= 2 for part in parts for cols in part.item_columns or () if cols)  # the parts stay thin
+
+
 def test_counts_packed_in_blocks_number_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The keys table's packed counts (many blocks, or one) give the same numbering; in process, no session."""
     import pyarrow.compute as pc
 
     path = str(write_capture(tmp_path / "c.pcap", conns(4, 30), mss=300).path)
-    ranges = sp.split_file(path, 1 << 30)
-    segs = pa.Table.from_batches([sp.range_segments(0, path, i, *r) for i, r in enumerate(ranges)])
-    segs = segs.filter(pc.equal(segs["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
-    data = segs.select(list(sp._SEG_INPUT))
-    last = (int(segs["ts"][-1].as_py()), int(pc.max(segs["gpos"]).as_py()))
+    data, last = _in_process([path])
 
     def numbering() -> tuple[sp.Numbering, int]:
         out = pa.Table.from_batches(list(sp.keys_task(data.to_batches(max_chunksize=7), [path], last, sp.Options(rows=5))))
