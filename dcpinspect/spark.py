@@ -2091,7 +2091,12 @@ def analyze(
             d.mkdir(parents=True)
             pq.write_table(table, d / "part-00000.parquet")
         else:
-            spark.createDataFrame(table).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            # the schema given: Spark Connect cannot infer one from an empty table
+            spark.createDataFrame(table, schema=from_arrow_schema(table.schema)).coalesce(1).write.mode("overwrite").parquet(
+                f"{out}/{name}"
+            )
 
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]

@@ -333,6 +333,8 @@ except Exception as exc:
     print("NO-CONNECT", exc); sys.exit(0)
 p = sp.Pipeline(s, {SHIPPED[:2]!r}, split_size=2048, partitions=2)
 print("ROWS", p.frames().count(), len(p.timeline().streams), type(s).__module__)
+res = sp.analyze(s, {SHIPPED[:2]!r}, {str(tmp_path / "o")!r}, split_size=2048, partitions=2, items=True)
+print("ANALYZE", res["frames"], res["streams"])
 """
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env, check=False)
@@ -343,6 +345,17 @@ print("ROWS", p.frames().count(), len(p.timeline().streams), type(s).__module__)
     assert rows == len(reference(SHIPPED[:2])[0])
     assert streams == len(build_timeline(read_records(SHIPPED[:2])).streams)
     assert "connect" in r.stdout
+    import pyarrow.parquet as pq
+
+    frames, streams = (int(v) for v in r.stdout.split("ANALYZE")[1].split()[:2])
+    want = timeline_frames(build_timeline(read_records(SHIPPED[:2])))
+    assert (frames, streams) == (len(reference(SHIPPED[:2])[0]), len(want["streams"]))
+    assert pq.read_table(tmp_path / "o" / "frames").sort_by("frame").to_pylist() == reference(SHIPPED[:2])[0]
+    for name in (*sp.TIMELINE_TABLES, "items"):  # written through Spark here (the client is not the cluster), empty ones too
+        got = pq.read_table(tmp_path / "o" / name)
+        ref = sp.arrow_for_spark(want[name])
+        assert got.num_rows == ref.num_rows, name
+    assert len(want["stalls"]) == 0  # the case Connect could not infer a schema for (written, readable, empty)
 
 
 def _in_process(paths: list[str]) -> tuple[pa.Table, tuple[int, int]]:
