@@ -428,7 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per line per frame")
     g.add_argument("--parquet", metavar="OUT", help="write the table as parquet")
     g.add_argument("--csv", metavar="OUT", help="write the table as CSV")
-    fr.add_argument("--filter", metavar="EXPR", help="a pandas query over the columns, e.g. \"name == 'DCP_MUTATION' and vbucket == 3\"")
+    fr.add_argument(
+        "--filter",
+        metavar="EXPR",
+        help="a pandas query over the columns, e.g. \"name == 'DCP_MUTATION' and vbucket == 3\"; evaluated as Python: pass only trusted text",
+    )
     fr.set_defaults(func=_cmd_frames)
     sh = sub.add_parser("show", help="annotated byte tables of selected frames of a capture")
     _capture_args(sh)

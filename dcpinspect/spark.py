@@ -98,19 +98,32 @@ def check_java() -> str:
     return java
 
 
-def get_session(remote: str | None = None, *, master: str | None = None, cores: int | None = None, memory: str = "2g") -> Any:
+DEFAULT_CONNECT_TIMEOUT = 30.0  # seconds a Spark Connect server has to answer before analyze gives up
+
+
+def get_session(
+    remote: str | None = None,
+    *,
+    master: str | None = None,
+    cores: int | None = None,
+    memory: str = "2g",
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> Any:
     """A SparkSession: Spark Connect (``remote`` or ``SPARK_REMOTE``), an existing one, or a quiet local one.
 
     Under ``spark-submit --master ...`` the master given there is kept; otherwise a
     local session starts (``local[cores]``, ``local[*]`` by default) with no UI,
     Arrow on, a few shuffle partitions, and workers on this interpreter
-    (``PYSPARK_PYTHON``), where the package is installed.
+    (``PYSPARK_PYTHON``), where the package is installed.  A Spark Connect
+    server must answer within ``connect_timeout`` seconds, or this raises
+    :class:`RuntimeError` with one line saying why (Spark's own client would
+    retry for about ten minutes).
     """
     from pyspark.sql import SparkSession
 
     remote = remote or os.environ.get("SPARK_REMOTE")
     if remote:
-        return SparkSession.builder.remote(remote).getOrCreate()
+        return _connect_session(remote, connect_timeout)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -146,6 +159,59 @@ def get_session(remote: str | None = None, *, master: str | None = None, cores: 
         b = b.config(k, v)
     spark = b.getOrCreate()
     return spark
+
+
+def connect_endpoint(url: str) -> tuple[str, int]:
+    """The host and port of a Spark Connect URL (``sc://host[:port][/;params]``; port 15002 by default)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "sc" or not parts.netloc:
+        raise RuntimeError(f"not a Spark Connect URL (sc://host:port): {url!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise RuntimeError(f"bad port in Spark Connect URL {url!r}") from None
+    return parts.hostname or "localhost", port if port is not None else 15002
+
+
+class ConnectTimeout(RuntimeError):
+    """A Spark Connect server took the connection but did not answer in time (its client's threads may still be waiting)."""
+
+
+def _connect_session(url: str, timeout: float) -> Any:
+    """A Spark Connect session whose server answered within ``timeout`` seconds, or a one-line RuntimeError."""
+    import socket
+    import threading
+
+    from pyspark.sql import SparkSession
+
+    host, port = connect_endpoint(url)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise RuntimeError(f"cannot reach the Spark Connect server at {host}:{port}: {reason}") from None
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def probe() -> None:
+        try:
+            spark = SparkSession.builder.remote(url).getOrCreate()
+            spark.version  # noqa: B018 - the first call that needs the server
+            result["spark"] = spark
+        except Exception as exc:  # reported on the caller's thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=probe, name="dcpinspect-spark-connect", daemon=True).start()
+    if not done.wait(timeout):
+        raise ConnectTimeout(f"the Spark Connect server at {host}:{port} did not answer within {timeout:g} s")
+    if "error" in result:
+        first = (str(result["error"]).strip().splitlines() or [type(result["error"]).__name__])[0]
+        raise RuntimeError(f"Spark Connect server at {host}:{port}: {first}")
+    return result["spark"]
 
 
 def _submit_conf() -> dict[str, str]:
@@ -2037,6 +2103,95 @@ def _is_connect(spark: Any) -> bool:
     return "connect" in type(spark).__module__
 
 
+MANIFEST = ".dcpinspect-analyze.json"  # marks a directory analyze wrote, and lists what it wrote there
+_TMP_PREFIX = "_dcpinspect-tmp-"
+
+
+class OutputError(RuntimeError):
+    """``analyze --out`` names a place it must not write to (one line, for the user)."""
+
+
+def analyze_outputs(*, items: bool, report: bool) -> list[str]:
+    """The entries ``analyze`` writes under its output directory."""
+    names = ["frames", "file_status", *TIMELINE_TABLES]
+    if items:
+        names += ["items", "flow"]
+    if report:
+        names.append("report.html")
+    return names
+
+
+def _remove(fs: Any, path: str) -> None:
+    """Remove one entry: a symbolic link itself (never what it points to), a directory tree or a file."""
+    from pyarrow import fs as pafs
+
+    if isinstance(fs, pafs.LocalFileSystem) and os.path.islink(path):
+        os.unlink(path)
+        return
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif kind != pafs.FileType.NotFound:
+        fs.delete_file(path)
+
+
+def prepare_output(out_dir: str, entries: list[str], *, overwrite: bool = False) -> None:
+    """Make ``out_dir`` ready for ``entries``, never deleting what analyze did not write, unless ``overwrite``.
+
+    A missing or empty directory is created and claimed.  A directory that holds
+    an earlier analyze output (its :data:`MANIFEST`) has the entries listed there
+    replaced; anything else in it stays.  Any other non-empty directory, or an
+    entry to be written that the manifest does not list, is refused with
+    :class:`OutputError` unless ``overwrite``.  The manifest is written first
+    (``complete: false``) so that an interrupted run can be re-run, and
+    completed by :func:`finish_output`.
+    """
+    import json
+
+    from pyarrow import fs as pafs
+
+    out = str(out_dir).rstrip("/") or "/"
+    fs, p = _fs(out)
+    try:
+        info = fs.get_file_info(p)
+        if info.type == pafs.FileType.NotFound:
+            fs.create_dir(p, recursive=True)
+            present: dict[str, Any] = {}
+        elif info.type != pafs.FileType.Directory:
+            raise OutputError(f"--out {out}: exists and is not a directory")
+        else:
+            present = {e.base_name: e for e in fs.get_file_info(pafs.FileSelector(p, recursive=False))}
+        ours: set[str] = set()
+        if MANIFEST in present:
+            try:
+                with fs.open_input_stream(f"{p}/{MANIFEST}") as f:
+                    ours = set(json.loads(f.read().decode("utf-8"))["entries"])
+            except (ValueError, KeyError, TypeError, OSError):
+                raise OutputError(f"--out {out}: its {MANIFEST} is unreadable; use another directory or --overwrite") from None
+        elif present and not overwrite:
+            raise OutputError(
+                f"--out {out}: the directory is not empty and holds no earlier analyze output ({MANIFEST}); "
+                "name a new or empty directory, or give --overwrite"
+            )
+        foreign = [n for n in entries if n in present and n not in ours]
+        if foreign and not overwrite:
+            raise OutputError(f"--out {out}: {', '.join(foreign)} was not written by analyze; give --overwrite to replace it")
+        stale = [n for n in present if n in ours or n in entries or (n.startswith(_TMP_PREFIX) and MANIFEST in present)]
+        for name in stale:
+            _remove(fs, f"{p}/{name}")
+        _write_text(f"{out}/{MANIFEST}", json.dumps({"tool": "dcpinspect analyze", "complete": False, "entries": entries}) + "\n")
+    except OSError as exc:
+        raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
+
+
+def finish_output(out_dir: str, entries: list[str], counts: dict[str, Any]) -> None:
+    """Mark ``out_dir``'s manifest complete, with the run's counts."""
+    import json
+
+    doc = {"tool": "dcpinspect analyze", "complete": True, "entries": entries, "counts": counts}
+    _write_text(f"{str(out_dir).rstrip('/')}/{MANIFEST}", json.dumps(doc) + "\n")
+
+
 def _write_text(path: str, text: str) -> None:
     fs, p = _fs(path)
     with fs.open_output_stream(p) as f:
@@ -2067,8 +2222,12 @@ def analyze(
     options: Options = Options(),
     items: bool = False,
     report: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the whole pipeline; write parquet tables and ``report.html`` under ``out_dir``; return counts.
+
+    ``out_dir`` must be new, empty or an earlier analyze output (see
+    :func:`prepare_output`; ``overwrite`` replaces whatever is in the way).
 
     Tables: ``frames``, ``file_status`` and the timeline tables of
     :data:`TIMELINE_TABLES` (plus ``items`` and ``flow`` with ``items``), each a
@@ -2078,6 +2237,8 @@ def analyze(
     that decode them, as the frames are.
     """
     out = str(out_dir).rstrip("/")
+    entries = analyze_outputs(items=items, report=report)
+    prepare_output(out, entries, overwrite=overwrite)
     p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, options=options)
     limit = 200_000  # frames sampled for the report's plot
     direct = "://" not in out and not _is_connect(spark)  # the driver holds the small tables: write them itself
@@ -2087,8 +2248,7 @@ def analyze(
             import pyarrow.parquet as pq
 
             d = Path(out) / name
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
+            d.mkdir(parents=True)  # prepare_output cleared the way
             pq.write_table(table, d / "part-00000.parquet")
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
@@ -2144,6 +2304,7 @@ def analyze(
             page = render_report(t, picked, rows, counts=counts, sampled=n > limit)
             _write_text(f"{out}/report.html", page)
             lap("report")
+        finish_output(out, entries, {k: res[k] for k in ("files", "frames", "connections", "streams", "anomalies")})
     finally:
         p.unpersist()
     return res
@@ -2159,18 +2320,42 @@ def command(argv: list[str], *, out: TextIO) -> int:
     ap.add_argument("--out", required=True, help="output directory: parquet tables (frames/, file_status/, streams/, ...) and report.html")
     ap.add_argument("--master", help="Spark master (default: local[*]; leave out under spark-submit)")
     ap.add_argument("--remote", help="Spark Connect URL, e.g. sc://127.0.0.1:15002 (default: $SPARK_REMOTE)")
+    ap.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long a Spark Connect server has to answer (default: {DEFAULT_CONNECT_TIMEOUT:g})",
+    )
     ap.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per range of a big file")
     ap.add_argument("--partitions", type=int, help="connection partitions of the frames stage")
     ap.add_argument("--port", type=int, action="append", help="memcached server port (repeatable; default 11210, 11209, 11211)")
     ap.add_argument("--items", action="store_true", help="also write the items and flow tables (one row per data message)")
     ap.add_argument("--no-report", action="store_true", help="do not write report.html")
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out that is not an earlier analyze output, replacing entries named like its tables",
+    )
     args = ap.parse_args(argv)
     if not expand_paths(args.paths):
         sys.stderr.write("dcpinspect: error: no capture files match\n")
         return 2
+    entries = analyze_outputs(items=args.items, report=not args.no_report)
+    try:
+        prepare_output(args.out, entries, overwrite=args.overwrite)  # refused before Spark starts
+    except OutputError as exc:
+        sys.stderr.write(f"dcpinspect: error: {exc}\n")
+        return 2
     t0 = time.perf_counter()
     try:
-        spark = get_session(args.remote, master=args.master)
+        spark = get_session(args.remote, master=args.master, connect_timeout=args.connect_timeout)
+    except ConnectTimeout as exc:
+        # Spark's Connect client goes on retrying in threads that hold the process open for minutes: leave now
+        sys.stderr.write(f"dcpinspect: error: {exc}\n")
+        sys.stderr.flush()
+        out.flush()
+        os._exit(2)
     except RuntimeError as exc:
         sys.stderr.write(f"dcpinspect: error: {exc}\n")
         return 2
@@ -2185,6 +2370,7 @@ def command(argv: list[str], *, out: TextIO) -> int:
         options=opts,
         items=args.items,
         report=not args.no_report,
+        overwrite=args.overwrite,
     )
     out.write(
         f"{res['files']} files, {res['connections']} connections, {res['frames']} frames, {res['streams']} streams, "
