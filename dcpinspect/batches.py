@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from . import spec
+from .capture import TS_MAX, TS_UNKNOWN
 from .columns import COLUMN_NAMES, DCP_COLUMNS, FRAME_COLUMNS, FrameColumns, dcp_values
 from .decoder import Frame
 from .dissect import _DOC_KINDS, _GENERIC, DissectContext, _names, _select
@@ -486,19 +487,34 @@ def chunk_batch(chunk: RecordChunk) -> pa.RecordBatch:
     label_ids = np.array(sorted(chunk.labels), np.int32)
     cols["conn"] = pa.array([chunk.labels[c] for c in label_ids.tolist()], pa.string()).take(pa.array(np.searchsorted(label_ids, conn)))
     cols["dir"] = _repeat_strings(chunk.direction, counts)
-    ts = np.repeat(np.array(chunk.ts, np.int64), counts)
+    ts = np.repeat(_times(chunk.ts), counts)
     packet = np.repeat(np.array(chunk.packet, np.int64), counts)
     ts_first, packet_first = ts.copy(), packet.copy()
     if chunk.heads:
         at = np.fromiter(chunk.heads, np.int64, len(chunk.heads))
-        hv = np.array(list(chunk.heads.values()), np.int64).reshape(-1, 4)
-        ts_first[at], ts[at], packet_first[at], packet[at] = hv[:, 0], hv[:, 1], hv[:, 2], hv[:, 3]
+        hv = list(chunk.heads.values())
+        ts_first[at], ts[at] = _times([h[0] for h in hv]), _times([h[1] for h in hv])
+        packet_first[at], packet[at] = (np.array([h[i] for h in hv], np.int64) for i in (2, 3))
     tstype = SCHEMA.field("ts").type
-    cols["ts"] = pa.array(ts).cast(tstype)
-    cols["ts_first"] = pa.array(ts_first).cast(tstype)
+    cols["ts"] = _ts_array(ts, tstype)
+    cols["ts_first"] = _ts_array(ts_first, tstype)
     cols["packet"] = pa.array(packet)
     cols["packet_first"] = pa.array(packet_first)
     return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def _times(values: list[int]) -> np.ndarray:
+    """Packet times (ns) as int64; one no ``timestamp[ns]`` can hold becomes :data:`~dcpinspect.capture.TS_UNKNOWN`."""
+    try:
+        return np.array(values, np.int64)
+    except (OverflowError, TypeError):  # not from a capture file (its reader has already done this)
+        return np.array([t if isinstance(t, int) and TS_UNKNOWN < t <= TS_MAX else TS_UNKNOWN for t in values], np.int64)
+
+
+def _ts_array(ts: np.ndarray, tstype: pa.DataType) -> pa.Array:
+    """int64 ns as the timestamp column: :data:`~dcpinspect.capture.TS_UNKNOWN` is null."""
+    unknown = ts == TS_UNKNOWN
+    return pa.array(ts, mask=unknown if unknown.any() else None).cast(tstype)
 
 
 def _repeat_strings(values: list[str], counts: np.ndarray) -> pa.Array:

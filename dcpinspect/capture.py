@@ -7,19 +7,34 @@ it were whole.  This reader walks the records itself with ``struct``, keeps
 every byte, and reports a truncated or corrupt record as a problem with its
 byte offset after yielding everything before it.  scapy stays the writer of
 test captures.
+
+Hostile files: every declared length (pcap record, any pcapng block) is
+checked against :data:`MAX_RECORD` and against what is left of the file
+*before* anything is read, and large reads go in pieces, so a few corrupt
+bytes never make the reader reserve more memory than the file holds.  A
+packet time that no ``timestamp[ns]`` column can hold (after 2262-04-11, e.g.
+a flipped bit in a pcapng timestamp or ``if_tsresol``) becomes
+:data:`TS_UNKNOWN` - a null ``ts`` in every table - and one problem per file
+counts such packets.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-__all__ = ["CaptureError", "CaptureReader", "RawPacket"]
+__all__ = ["MAX_RECORD", "TS_MAX", "TS_UNKNOWN", "CaptureError", "CaptureReader", "RawPacket", "time_problem"]
 
 MAX_RECORD = 256 * 1024 * 1024  # a record claiming more is corrupt
+#: the latest packet time a ``timestamp[ns]`` column holds (int64 ns: 2262-04-11T23:47:16.854775807)
+TS_MAX = 2**63 - 1
+#: the time of a packet whose timestamp is out of range: int64's minimum (numpy's NaT), a null ``ts`` in every table
+TS_UNKNOWN = -(2**63)
+_PIECE = 1 << 20  # reads longer than this go in pieces of at least this size (see ``_read``)
 _PCAP_MAGICS = {
     b"\xd4\xc3\xb2\xa1": ("<", 1_000),  # little-endian, microseconds (ns factor)
     b"\xa1\xb2\xc3\xd4": (">", 1_000),
@@ -27,6 +42,13 @@ _PCAP_MAGICS = {
     b"\xa1\xb2\x3c\x4d": (">", 1),
 }
 _PCAPNG_SHB = b"\x0a\x0d\x0d\x0a"
+# pcapng block types
+_IDB = 1  # interface description
+_OPB = 2  # packet (obsolete)
+_SPB = 3  # simple packet
+_EPB = 6  # enhanced packet
+_SHB_MIN = 28  # type, length, byte-order magic, version, section length, trailing length
+_IF_TSRESOL = 9  # interface option: timestamp resolution
 
 
 class CaptureError(Exception):
@@ -40,7 +62,7 @@ class CaptureError(Exception):
 
 
 class RawPacket(NamedTuple):
-    """One captured packet: link type, captured bytes, original length, time in ns, 1-based number."""
+    """One captured packet: link type, captured bytes, original length, time in ns (:data:`TS_UNKNOWN` if out of range), 1-based number."""
 
     linktype: int
     data: bytes
@@ -48,6 +70,13 @@ class RawPacket(NamedTuple):
     ts: int
     number: int
     offset: int
+
+
+def time_problem(count: int) -> str:
+    """The problem reported for ``count`` packets whose timestamp is out of range (one per file, at the first)."""
+    if count == 1:
+        return "timestamp out of range (after 2262-04-11): the packet's time is unknown (null ts)"
+    return f"timestamp out of range (after 2262-04-11) in {count} packets from here on: their times are unknown (null ts)"
 
 
 @dataclass
@@ -62,10 +91,12 @@ class _Iface:
 class CaptureReader:
     """Iterate the packets of a pcap or pcapng file.
 
-    ``problems`` collects ``(offset, message)`` for a truncated last record or
-    a corrupt record (reading stops there, after yielding everything before).
-    A file that is not a capture, or whose header is corrupt, raises
-    :class:`CaptureError` naming the file and byte offset.
+    ``problems`` collects ``(offset, message)`` for a truncated last record, a
+    corrupt record or a read error (reading stops there, after yielding
+    everything before), and - once per file, counting them - for packets
+    whose timestamp is out of range (yielded with ``ts`` :data:`TS_UNKNOWN`;
+    reading goes on).  A file that is not a capture, or whose header is
+    corrupt, raises :class:`CaptureError` naming the file and byte offset.
     """
 
     path: str
@@ -73,7 +104,9 @@ class CaptureReader:
     problems: list[tuple[int, str]] = field(default_factory=list)
     packets: int = 0
     linktypes: set[int] = field(default_factory=set)
-    size: int = 0
+    size: int = 0  # bytes in the file when it was opened (0: not known, e.g. a pipe)
+    bad_times: int = 0  # packets whose timestamp is out of range
+    _time_problem: int = field(default=-1, repr=False)  # its index in ``problems``
 
     def __iter__(self) -> Iterator[RawPacket]:
         p = Path(self.path)
@@ -82,22 +115,72 @@ class CaptureReader:
         except OSError as exc:
             raise CaptureError(self.path, 0, f"cannot open: {exc.strerror}") from exc
         with fh:
-            self.size = p.stat().st_size
-            head = fh.read(4)
-            if head in _PCAP_MAGICS:
-                self.format = "pcap"
-                yield from self._pcap(fh, head)
-            elif head == _PCAPNG_SHB:
-                self.format = "pcapng"
-                fh.seek(0)
-                yield from self._pcapng(fh)
-            elif not head:
-                raise CaptureError(self.path, 0, "empty file: not a pcap or pcapng capture")
-            else:
-                raise CaptureError(self.path, 0, f"not a pcap or pcapng capture (starts with {head.hex()})")
+            try:
+                self.size = os.fstat(fh.fileno()).st_size
+                head = fh.read(4)
+                if head in _PCAP_MAGICS:
+                    self.format = "pcap"
+                    yield from self._pcap(fh, head)
+                elif head == _PCAPNG_SHB:
+                    self.format = "pcapng"
+                    fh.seek(0)
+                    yield from self._pcapng(fh)
+                elif not head:
+                    raise CaptureError(self.path, 0, "empty file: not a pcap or pcapng capture")
+                else:
+                    raise CaptureError(self.path, 0, f"not a pcap or pcapng capture (starts with {head.hex()})")
+            except OSError as exc:  # the disk, not the data: what was read is kept
+                if not self.format:
+                    raise CaptureError(self.path, 0, f"cannot read: {exc.strerror or exc}") from exc
+                self._problem(self._tell(fh), f"read error ({exc.strerror or exc}); reading stopped")
+
+    @staticmethod
+    def _tell(fh: BinaryIO) -> int:
+        try:
+            return fh.tell()
+        except OSError:
+            return 0
 
     def _problem(self, offset: int, message: str) -> None:
         self.problems.append((offset, message))
+
+    def _left(self, offset: int, need: int) -> int | None:
+        """Bytes the file holds from ``offset`` if fewer than ``need`` (else, or when the size is not known, None)."""
+        if self.size and offset + need > self.size:
+            return max(0, self.size - offset)
+        return None
+
+    @staticmethod
+    def _read(fh: BinaryIO, n: int) -> bytes:
+        """Up to ``n`` bytes (fewer at the end of the file).
+
+        Long reads go in pieces, so a corrupt length in a file whose size is
+        not known (a pipe) never reserves more memory than the file holds.  No
+        piece is shorter than ``_PIECE``: Spark's range reader takes an 8-byte
+        read for a pcapng block header.
+        """
+        if n <= _PIECE:
+            return fh.read(n)
+        parts = []
+        step = _PIECE + n % _PIECE
+        while n:
+            got = fh.read(step)
+            parts.append(got)
+            n -= len(got)
+            if len(got) < step:
+                break
+            step = _PIECE
+        return b"".join(parts)
+
+    def _bad_time(self, offset: int) -> int:
+        """A packet time out of range: counted in one problem per file; the packet's time is unknown."""
+        self.bad_times += 1
+        if self._time_problem < 0:
+            self._time_problem = len(self.problems)
+            self.problems.append((offset, time_problem(1)))
+        else:
+            self.problems[self._time_problem] = (self.problems[self._time_problem][0], time_problem(self.bad_times))
+        return TS_UNKNOWN
 
     def _pcap(self, fh: BinaryIO, magic: bytes) -> Iterator[RawPacket]:
         endian, ns = _PCAP_MAGICS[magic]
@@ -123,11 +206,16 @@ class CaptureReader:
             if caplen > limit or (wirelen and caplen > wirelen and caplen > snaplen):
                 self._problem(offset, f"corrupt record: captured length {caplen} (snaplen {snaplen}, original {wirelen}); reading stopped")
                 return
-            data = fh.read(caplen)
+            left = self._left(offset + 16, caplen)
+            if left is not None:
+                self._problem(offset, f"truncated record: {left} of {caplen} bytes: the capture was cut short")
+                return
+            data = self._read(fh, caplen)
             if len(data) < caplen:
                 self._problem(offset, f"truncated record: {len(data)} of {caplen} bytes: the capture was cut short")
                 return
             self.packets += 1
+            # at most (2^32 - 1) s + (2^32 - 1) us: before 2107, always in range
             yield RawPacket(linktype, data, max(wirelen, caplen), sec * 1_000_000_000 + frac * ns, self.packets, offset)
             offset += 16 + caplen
 
@@ -143,30 +231,31 @@ class CaptureReader:
             if len(h) < 8:
                 self._problem(offset, f"truncated block header ({len(h)} of 8 bytes): the capture was cut short")
                 return
+            head = b""
             if h[:4] == _PCAPNG_SHB:
-                bom = fh.read(4)
-                if bom == b"\x4d\x3c\x2b\x1a":
+                head = fh.read(4)
+                if head == b"\x4d\x3c\x2b\x1a":
                     endian = "<"
-                elif bom == b"\x1a\x2b\x3c\x4d":
+                elif head == b"\x1a\x2b\x3c\x4d":
                     endian = ">"
                 else:
                     if first:
                         raise CaptureError(self.path, offset + 8, "pcapng section header corrupt (byte-order magic)")
                     self._problem(offset, "corrupt section header block; reading stopped")
                     return
-                btype, blen = struct.unpack(endian + "II", h)
-                body = bom + fh.read(max(0, blen - 16))
                 ifaces = []
-            else:
-                btype, blen = struct.unpack(endian + "II", h)
-                body = b""
-            if blen < 12 or blen % 4 or blen > MAX_RECORD:
+            btype, blen = struct.unpack(endian + "II", h)
+            # every length is checked before anything is read
+            if blen < (_SHB_MIN if head else 12) or blen % 4 or blen > MAX_RECORD:
                 if first:
                     raise CaptureError(self.path, offset, f"pcapng section header corrupt (block length {blen})")
                 self._problem(offset, f"corrupt block: length {blen}; reading stopped")
                 return
-            if btype != 0x0A0D0D0A:
-                body = fh.read(blen - 12)
+            left = self._left(offset, blen)
+            if left is not None:
+                self._problem(offset, f"truncated block ({left} of {blen} bytes): the capture was cut short")
+                return
+            body = head + self._read(fh, blen - 12 - len(head))
             trailer = fh.read(4)
             if len(body) < blen - 12 or len(trailer) < 4:
                 self._problem(offset, f"truncated block ({8 + len(body) + len(trailer)} of {blen} bytes): the capture was cut short")
@@ -175,14 +264,14 @@ class CaptureReader:
                 self._problem(offset, "corrupt block: trailing length differs; reading stopped")
                 return
             first = False
-            if btype == 1 and len(body) >= 8:  # interface description
+            if btype == _IDB and len(body) >= 8:
                 linktype, _res, snaplen = struct.unpack(endian + "HHI", body[:8])
                 iface = _Iface(linktype, snaplen)
                 self._iface_options(iface, body[8:], endian)
                 ifaces.append(iface)
                 self.linktypes.add(linktype)
-            elif btype in (6, 2) and len(body) >= 20:  # enhanced (and obsolete) packet block
-                if btype == 6:
+            elif btype in (_EPB, _OPB) and len(body) >= 20:
+                if btype == _EPB:
                     iid, tsh, tsl, caplen, wirelen = struct.unpack(endian + "IIIII", body[:20])
                 else:
                     iid, _drops, tsh, tsl, caplen, wirelen = struct.unpack(endian + "HHIIII", body[:20])
@@ -190,16 +279,17 @@ class CaptureReader:
                     self._problem(offset, f"corrupt packet block (interface {iid}, captured length {caplen}); reading stopped")
                     return
                 iface = ifaces[iid]
+                ts = ((tsh << 32) | tsl) * iface.ns_mul // iface.ns_div
                 self.packets += 1
                 yield RawPacket(
                     iface.linktype,
                     body[20 : 20 + caplen],
                     max(wirelen, caplen),
-                    ((tsh << 32) | tsl) * iface.ns_mul // iface.ns_div,
+                    ts if ts <= TS_MAX else self._bad_time(offset),
                     self.packets,
                     offset,
                 )
-            elif btype == 3 and len(body) >= 4 and ifaces:  # simple packet block
+            elif btype == _SPB and len(body) >= 4 and ifaces:
                 (wirelen,) = struct.unpack(endian + "I", body[:4])
                 caplen = min(wirelen, len(body) - 4, ifaces[0].snaplen or wirelen)
                 self.packets += 1
@@ -208,18 +298,19 @@ class CaptureReader:
 
     @staticmethod
     def _iface_options(iface: _Iface, opts: bytes, endian: str) -> None:
+        """Apply ``if_tsresol``: any 7-bit exponent of 10 or 2 is exact (integers); a time it puts out of range is caught per packet."""
         pos = 0
         while pos + 4 <= len(opts):
             code, length = struct.unpack(endian + "HH", opts[pos : pos + 4])
             if code == 0:
                 return
             value = opts[pos + 4 : pos + 4 + length]
-            if code == 9 and length >= 1:  # if_tsresol
+            if code == _IF_TSRESOL and length >= 1:
                 r = value[0]
                 if r & 0x80:  # 2^-n seconds per tick
                     iface.ns_mul, iface.ns_div = 1_000_000_000, 1 << (r & 0x7F)
-                elif (r & 0x7F) <= 9:  # 10^-n
+                elif r <= 9:  # 10^-n
                     iface.ns_mul, iface.ns_div = 10 ** (9 - r), 1
                 else:
-                    iface.ns_mul, iface.ns_div = 1, 10 ** ((r & 0x7F) - 9)
+                    iface.ns_mul, iface.ns_div = 1, 10 ** (r - 9)
             pos += 4 + length + (-length % 4)

@@ -202,7 +202,8 @@ def _report_files(stats: Any) -> int:
             bad += 1
             sys.stderr.write(f"dcpinspect: error: {info['error']}\n")
         for problem in info["problems"]:
-            sys.stderr.write(f"dcpinspect: warning: {path}: {problem}; frames before it were kept\n")
+            kept = "" if problem.startswith("timestamp out of range") else "; frames before it were kept"  # reading went on
+            sys.stderr.write(f"dcpinspect: warning: {path}: {problem}{kept}\n")
     return bad
 
 
@@ -277,6 +278,7 @@ def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    from .capture import TS_UNKNOWN
     from .records import CaptureStats
 
     stats = CaptureStats()
@@ -290,9 +292,9 @@ def _cmd_show(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             continue
         if names and (ev.type != "frame" or ev.name not in names):
             continue
-        ts = rec.ts / 1e9
+        ts = "?" if rec.ts == TS_UNKNOWN else f"{rec.ts / 1e9:.6f}"
         out.write(
-            f"== frame {rec.number}  conn {rec.conn} {rec.conn_label}  {rec.direction}  ts {ts:.6f}  packets {rec.packet_first}-{rec.packet}\n"
+            f"== frame {rec.number}  conn {rec.conn} {rec.conn_label}  {rec.direction}  ts {ts}  packets {rec.packet_first}-{rec.packet}\n"
         )
         out.write(annotate(ev, context=rec.context, max_rows=None if args.max_rows == 0 else args.max_rows) + "\n\n")
     _report_files(stats)

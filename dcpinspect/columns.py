@@ -8,7 +8,9 @@ turns them into one Arrow table.
 uint64 convention: CAS, vbucket UUIDs and seqnos (``end seqno`` is often
 2^64-1) are unsigned 64-bit.  They stay ``uint64`` in Arrow and parquet,
 become pandas' nullable ``UInt64``, print as JSON numbers, and (Spark has no
-unsigned types) become ``decimal(20,0)`` there.  Missing values are nulls.
+unsigned types) become ``decimal(20,0)`` there.  Missing values are nulls;
+so is a time no ``timestamp[ns]`` can hold (:data:`~dcpinspect.capture.TS_UNKNOWN`,
+a packet whose timestamp was out of range).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .capture import TS_MAX, TS_UNKNOWN
 from .dissect import Dissection, dissect
 from .records import Record
 
@@ -28,7 +31,7 @@ FRAME_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("conn_id", "int32", "connection number"),
     ("conn", "string", "client ip:port -> server ip:port"),
     ("dir", "string", "c2s (client to server) or s2c"),
-    ("ts", "timestamp[ns]", "time of the packet that completed the frame (UTC)"),
+    ("ts", "timestamp[ns]", "time of the packet that completed the frame (UTC; null if its timestamp was out of range)"),
     ("ts_first", "timestamp[ns]", "time of the packet the frame started in"),
     ("packet", "int64", "packet that completed the frame"),
     ("packet_first", "int64", "packet the frame started in"),
@@ -178,8 +181,9 @@ class FrameColumns:
         c["conn_id"].append(rec.conn)
         c["conn"].append(rec.conn_label)
         c["dir"].append(rec.direction)
-        c["ts"].append(rec.ts)
-        c["ts_first"].append(rec.ts_first)
+        ts, ts_first = rec.ts, rec.ts_first
+        c["ts"].append(ts if TS_UNKNOWN < ts <= TS_MAX else None)
+        c["ts_first"].append(ts_first if TS_UNKNOWN < ts_first <= TS_MAX else None)
         c["packet"].append(rec.packet)
         c["packet_first"].append(rec.packet_first)
         c["type"].append(ev.type)

@@ -53,8 +53,8 @@ class Record(NamedTuple):
     conn: int
     conn_label: str
     direction: str  # "c2s" | "s2c"
-    ts: int  # ns: the packet that completed it
-    ts_first: int  # ns: the packet its first byte arrived in
+    ts: int  # ns: the packet that completed it (capture.TS_UNKNOWN if its timestamp was out of range: null in tables)
+    ts_first: int  # ns: the packet its first byte arrived in (likewise)
     packet: int
     packet_first: int
     event: Event

@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 
 from . import spec
 from .batches import SCHEMA, chunk_batch
-from .capture import _PCAP_MAGICS, _PCAPNG_SHB, MAX_RECORD, CaptureError, CaptureReader
+from .capture import _PCAP_MAGICS, _PCAPNG_SHB, MAX_RECORD, CaptureError, CaptureReader, time_problem
 from .columns import FRAME_COLUMNS
 from .decoder import Frame
 from .flows import DEFAULT_SERVER_PORTS, TLS_PORTS, Segment
@@ -567,7 +567,11 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
         row = {"kind": 2, "file_index": file_index, "range_index": range_index, "ckey": ck, "missing": w, "packets": k, "gpos": g, "ts": t}
         for name, _ in _SEG_FIELDS:
             cols[name].append(row.get(name))
-    problems = [f"{msg} (at byte offset {fh_abs})" for fh_abs, msg in _abs_problems(reader, prefix, start)]
+    # out-of-range packet times are one problem per file: this range's count and first offset travel as numbers (see status_rows)
+    late = time_problem(reader.bad_times) if reader.bad_times else None
+    abs_problems = _abs_problems(reader, prefix, start)
+    late_at = next((off for off, msg in abs_problems if msg == late), None)
+    problems = [f"{msg} (at byte offset {fh_abs})" for fh_abs, msg in abs_problems if msg != late]
     status = {
         "kind": 1,
         "file_index": file_index,
@@ -579,6 +583,8 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
         "packets": reader.packets - (first_packet - 1),
         "linktypes": sorted(reader.linktypes),
         "skipped": ",".join(f"{k}={v}" for k, v in sorted(skipped.items())),
+        "missing": reader.bad_times,  # packets with an out-of-range time in this range
+        "poff": late_at,  # where the first of them is
     }
     for name, _ in _SEG_FIELDS:
         cols[name].append(status.get(name))
@@ -620,7 +626,13 @@ def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
     for fi in sorted(files):
         rs = sorted(files[fi], key=itemgetter("range_index"))
         error = next((r["error"] for r in rs if r["error"] is not None), None)
-        problems = [p for r in rs for p in r["problems"] or ()]
+        problems = []
+        late = sum(r["missing"] or 0 for r in rs)
+        for r in rs:
+            if late and r["poff"] is not None:  # the file's one out-of-range-time problem, in the first range that has one
+                problems.append(f"{time_problem(late)} (at byte offset {r['poff']})")
+                late = 0
+            problems += r["problems"] or ()
         formats = [r["format"] for r in rs if r["format"] is not None]
         packets = [r["packets"] for r in rs if r["packets"] is not None]
         status = "error" if error is not None else "problems" if problems else "ok"
@@ -631,7 +643,7 @@ def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
 
 def file_status(segs: Any) -> Any:
     """The per-file status table: format, packets, error, problems, link types (one row per file; aggregated on the driver)."""
-    rows = status_rows(segs.filter("kind = 1").select("kind", "file_index", "path", *_STATUS_INPUT).toArrow())
+    rows = status_rows(segs.filter("kind = 1").select("kind", "file_index", "path", "missing", "poff", *_STATUS_INPUT).toArrow())
     return segs.sparkSession.createDataFrame(rows, STATUS_DDL)
 
 
@@ -1929,7 +1941,11 @@ class Pipeline:
     def _summary(self) -> tuple[list[tuple[Any, ...]], tuple[list[tuple[str, int]], tuple[int, int]]]:
         """One small job over the persisted segments: the per-file status rows, and the connections' sizes and capture end."""
         if self._sum is None:
-            t = self.segments().filter("kind != 0").select("kind", "file_index", "path", *_STATUS_INPUT, "ckey", "missing", "gpos", "ts")
+            t = (
+                self.segments()
+                .filter("kind != 0")
+                .select("kind", "file_index", "path", *_STATUS_INPUT, "ckey", "missing", "poff", "gpos", "ts")
+            )
             rows = t.toArrow()
             self._sum = (status_rows(rows), connection_sizes(rows))
         return self._sum

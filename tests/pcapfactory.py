@@ -50,8 +50,10 @@ __all__ = [
     "PacketInfo",
     "Segment",
     "Written",
+    "pcap_records",
     "write_bad_files",
     "write_capture",
+    "write_hostile_headers",
 ]
 
 #: Link-layer names accepted by :func:`write_capture` and their LINKTYPE_ numbers.
@@ -743,4 +745,67 @@ def write_bad_files(directory: str | Path) -> dict[str, Path]:
     put("bad_pcapng_block_length", "bad-block-length.pcapng", bytes(bad_ng))
     (directory / "good.pcap").unlink()
     (directory / "good.pcapng").unlink()
+    return out
+
+
+def write_hostile_headers(directory: str | Path) -> dict[str, Path]:
+    """Write captures whose headers declare absurd lengths or times; returns ``{name: path}``.
+
+    The reader must report each (a problem, or an error for the first
+    header), keep every record before, and never reserve what the file does
+    not hold.  Built from the 14-record captures of :func:`write_bad_files`:
+
+    * ``pcapng_shb_4gib``: 32 bytes: a pcapng section header block claiming
+      a length of 4 GiB - 4.
+    * ``pcap_record_256mib``: the pcap with snaplen 0 (no limit) and a 15th
+      record header claiming 256 MiB, with 16 bytes after it.
+    * ``pcapng_ts_out_of_range``: the pcapng whose 8th packet has a timestamp
+      past 2262 (its high word all ones).
+    * ``pcapng_bad_tsresol``: the pcapng with nanosecond ``if_tsresol`` and
+      one bit of it flipped (9 -> 1: 10^-1 s per tick), so every packet time
+      is past 2262.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+
+    def put(name: str, filename: str, data: bytes) -> None:
+        out[name] = directory / filename
+        out[name].write_bytes(data)
+
+    conn = Conn(msgs=[Msg("c2s" if i % 2 else "s2c", _noop(i)) for i in range(8)])  # 14 records
+    good = write_capture(directory / "good.pcap", [conn]).path.read_bytes()
+    shb = struct.pack("<IIIHHq", 0x0A0D0D0A, 0xFFFFFFFC, 0x1A2B3C4D, 1, 0, -1)
+    put("pcapng_shb_4gib", "shb-4gib.pcapng", shb + bytes(32 - len(shb)))
+    huge = bytearray(good)
+    struct.pack_into("<I", huge, 16, 0)  # snaplen 0: no limit from the header
+    huge += struct.pack("<IIII", 1_700_000_100, 0, 256 << 20, 256 << 20) + bytes(16)
+    put("pcap_record_256mib", "record-256mib.pcap", bytes(huge))
+    good_ng = write_capture(directory / "good.pcapng", [conn], fmt="pcapng").path.read_bytes()
+    epbs = []
+    pos = 0
+    while pos < len(good_ng):
+        btype, blen = struct.unpack_from("<II", good_ng, pos)
+        if btype == 6:
+            epbs.append(pos)
+        pos += blen
+    late = bytearray(good_ng)
+    struct.pack_into("<I", late, epbs[len(epbs) // 2] + 12, 0xFFFFFFFF)  # EPB: type, length, interface, ts high, ts low
+    put("pcapng_ts_out_of_range", "ts-out-of-range.pcapng", bytes(late))
+    ns_ng = write_capture(directory / "good.pcapng", [conn], fmt="pcapng", nanosecond=True).path.read_bytes()
+    at = ns_ng.index(struct.pack("<HHB3x", 9, 1, 9))  # if_tsresol 9, padded
+    put("pcapng_bad_tsresol", "bad-tsresol.pcapng", ns_ng[: at + 4] + bytes([9 ^ 0x08]) + ns_ng[at + 5 :])
+    (directory / "good.pcap").unlink()
+    (directory / "good.pcapng").unlink()
+    return out
+
+
+def pcap_records(data: bytes) -> list[tuple[int, int]]:
+    """``(offset, captured length)`` of each record of a little-endian pcap file."""
+    out = []
+    pos = 24
+    while pos + 16 <= len(data):
+        caplen = struct.unpack_from("<I", data, pos + 8)[0]
+        out.append((pos, caplen))
+        pos += 16 + caplen
     return out

@@ -20,6 +20,7 @@ from strategies import ALL_VARIANTS, mcbp_case
 
 from dcpinspect import DissectContext, encode
 from dcpinspect.batches import SCHEMA, chunk_batch, read_batches
+from dcpinspect.capture import TS_MAX, TS_UNKNOWN
 from dcpinspect.columns import FrameColumns
 from dcpinspect.decoder import FrameDecoder
 from dcpinspect.pcapwrite import PcapWriter, TcpConversation
@@ -143,6 +144,7 @@ def chunks(draw: st.DrawFn) -> RecordChunk:
     dec = FrameDecoder()
     events = dec.feed(b"".join(parts)) + dec.close()
     contexts = [draw(st.sampled_from(CONTEXTS)) for _ in events]
+    times = st.one_of(st.integers(0, 2**62), st.sampled_from([TS_UNKNOWN, TS_UNKNOWN + 1, TS_MAX, TS_MAX + 1, 2**64 * 10**9, -1]))
     rng = random.Random(draw(st.integers(0, 2**16)))
     counts: list[int] = []
     left = len(events)
@@ -158,9 +160,9 @@ def chunks(draw: st.DrawFn) -> RecordChunk:
         conn=[1 + i % 2 for i in range(runs)],
         direction=[("c2s", "s2c")[i % 2] for i in range(runs)],
         file=["a.pcap"] * runs,
-        ts=[10 * i for i in range(runs)],
+        ts=[draw(times) for _ in range(runs)],
         packet=list(range(1, runs + 1)),
-        heads={0: (1, 2, 3, 4)},
+        heads={0: (draw(times), draw(times), 3, 4)},
         labels={1: "10.0.0.1:1 -> 10.0.0.2:11210", 2: "10.0.0.3:2 -> 10.0.0.2:11210"},
     )
 
@@ -198,3 +200,27 @@ def test_collection_id_past_32_bits_is_a_problem_not_a_crash() -> None:
     assert_same(expected, got)
     assert got.column("cid").to_pylist() == [None]
     assert "exceeds 32 bits" in str(got.column("problems").to_pylist())
+
+
+@pytest.mark.parametrize("late", [TS_UNKNOWN, TS_MAX + 1, 2**64 * 10**9])
+def test_time_out_of_range_is_null_in_both_paths(late: int) -> None:
+    """A packet time no timestamp[ns] holds (the capture reader's TS_UNKNOWN, or a huge int from elsewhere) is null, never a crash."""
+    events = FrameDecoder().feed(encode("DCP_NOOP", opaque=1) * 3)
+    chunk = RecordChunk(
+        1,
+        events=events,
+        context=[DissectContext()] * 3,
+        counts=[1, 1, 1],
+        conn=[1, 1, 1],
+        direction=["s2c"] * 3,
+        file=["a.pcap"] * 3,
+        ts=[5, late, TS_MAX],
+        packet=[1, 2, 3],
+        heads={2: (late, TS_MAX, 2, 3)},
+        labels={1: "10.0.0.1:1 -> 10.0.0.2:11210"},
+    )
+    expected = slow_table(list(chunk.records()))
+    got = pa.Table.from_batches([chunk_batch(chunk)], schema=SCHEMA)
+    assert_same(expected, got)
+    assert got.column("ts").cast(pa.int64()).to_pylist() == [5, None, TS_MAX]
+    assert got.column("ts_first").cast(pa.int64()).to_pylist() == [5, None, None]

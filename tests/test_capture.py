@@ -3,15 +3,28 @@ checked against the ground truth of what was sent and against tshark."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import re
 import struct
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 import pytest
-from pcapfactory import Conn, Msg, write_bad_files, write_capture
+from pcapfactory import Conn, Msg, pcap_records, write_bad_files, write_capture, write_hostile_headers
 from tshark import TSHARK, opaque_value, tshark_frames
 
-from dcpinspect import decode, dissect, encode
+from dcpinspect import capture, decode, dissect, encode
+from dcpinspect.batches import SCHEMA, read_batches
+from dcpinspect.capture import MAX_RECORD, TS_MAX, TS_UNKNOWN, CaptureReader
+from dcpinspect.cli import main
 from dcpinspect.records import CaptureStats, read_records
+from dcpinspect.tables import frames_df, frames_table
 
 LINKTYPES = ["ether", "ether-vlan", "sll", "sll2", "raw", "null", "loop"]
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
@@ -265,3 +278,216 @@ def test_rotated_captures_join_up(tmp_path: Path) -> None:
     assert ours(recs, 1, "s2c") == truth(w, 0, "s2c")
     assert len(st.connections) == 1 and st.connections[0].lost == 0
     assert {r.file for r in recs} == {str(tmp_path / "part1.pcap"), str(tmp_path / "part2.pcap")}  # the file that completed each
+
+
+# --- hostile headers: out-of-range times, lengths claiming more than the file ------
+
+
+def _tables(paths: list[str]) -> tuple[list[object], CaptureStats, pa.Table, CaptureStats, pa.Table]:
+    """Both paths: records (and the frames table built from them row by row), and the columnar table."""
+    st_rows, st_cols = CaptureStats(), CaptureStats()
+    recs = list(read_records(paths, stats=st_rows))
+    by_rows = frames_table(recs)
+    by_cols = pa.Table.from_batches(list(read_batches(paths, stats=st_cols, rows=3)), schema=SCHEMA)
+    return recs, st_rows, by_rows, st_cols, by_cols
+
+
+@pytest.mark.parametrize("name", ["pcapng_ts_out_of_range", "pcapng_bad_tsresol"])
+def test_timestamp_out_of_range_is_a_problem_and_a_null_time(tmp_path: Path, name: str) -> None:
+    bad = write_hostile_headers(tmp_path)
+    path = str(bad[name])
+    recs, st_rows, by_rows, st_cols, by_cols = _tables([path])
+    assert len(recs) == 8  # every frame kept: the 14 records are all read
+    for st in (st_rows, st_cols):
+        info = st.files[path]
+        assert info["error"] is None and info["packets"] == 14
+        assert len(info["problems"]) == 1 and "timestamp out of range" in info["problems"][0] and "byte offset" in info["problems"][0]
+    unknown = [r.ts == TS_UNKNOWN for r in recs]  # type: ignore[attr-defined]
+    if name == "pcapng_ts_out_of_range":  # the 8th packet only
+        assert unknown == [r.packet == 8 for r in recs] and any(unknown)  # type: ignore[attr-defined]
+    else:  # every packet
+        assert all(unknown) and "in 14 packets" in st_rows.files[path]["problems"][0]
+    assert by_rows.equals(by_cols)
+    ts = by_cols.column("ts").to_pylist()
+    assert [t is None for t in ts] == [r.ts == TS_UNKNOWN for r in recs]  # type: ignore[attr-defined]
+    assert [t is None for t in by_cols.column("ts_first").to_pylist()] == [r.ts_first == TS_UNKNOWN for r in recs]  # type: ignore[attr-defined]
+    df = frames_df(path)
+    assert len(df) == 8 and df["ts"].isna().tolist() == [t is None for t in ts]
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(list(argv), out=out, stdin=io.StringIO("")), out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["pcapng_ts_out_of_range", "pcapng_bad_tsresol"])
+def test_cli_frames_with_out_of_range_timestamps(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = write_hostile_headers(tmp_path / "bad")
+    path = str(bad[name])
+    nulls = 1 if name == "pcapng_ts_out_of_range" else 8
+    code, out = _cli("frames", "--json", "--no-progress", path)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(rows) == 8 and sum(r["ts"] is None for r in rows) == nulls
+    assert "timestamp out of range" in capsys.readouterr().err
+    code, out = _cli("frames", "--no-progress", path)
+    assert code == 0 and len(out.splitlines()) == 8
+    assert _cli("frames", "--no-progress", "--parquet", str(tmp_path / "f.parquet"), path)[0] == 0
+    table = pq.read_table(tmp_path / "f.parquet")
+    assert table.num_rows == 8 and table.column("ts").null_count == nulls
+    assert _cli("frames", "--no-progress", "--csv", str(tmp_path / "f.csv"), path)[0] == 0
+    csv = pcsv.read_csv(tmp_path / "f.csv")
+    assert csv.num_rows == 8 and csv.column("ts").null_count == nulls
+
+
+def test_cli_show_and_summary_with_an_out_of_range_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(write_hostile_headers(tmp_path / "bad")["pcapng_ts_out_of_range"])
+    code, out = _cli("show", "--no-progress", path)
+    heads = [line for line in out.splitlines() if line.startswith("== frame")]
+    assert code == 0 and len(heads) == 8
+    assert sum(" ts ?  " in h for h in heads) == 1  # the unknown time is shown as such, not as a date in 1677
+    assert all(re.search(r" ts (\?|\d+\.\d{6})  ", h) for h in heads)
+    err = capsys.readouterr().err
+    assert err.count("timestamp out of range") == 1 and "frames before it were kept" not in err  # reading went on
+    code, out = _cli("summary", "--no-progress", path)
+    assert code == 0 and "timestamp out of range" in out + capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tsresol", [0, 1, 9, 10, 12, 0x7F, 0x80, 0x81, 0x9E, 0xA0, 0xFF])
+def test_any_if_tsresol_is_exact_or_out_of_range(tmp_path: Path, tsresol: int) -> None:
+    """Every 7-bit exponent of 10 or 2: the exact time (floored to ns), or a null time and a problem."""
+    conn = Conn(msgs=[Msg("c2s", encode("DCP_NOOP", opaque=1)), Msg("s2c", encode("DCP_NOOP", response=True, opaque=1))])
+    w = write_capture(tmp_path / "c.pcapng", [conn], fmt="pcapng", nanosecond=True)
+    data = w.path.read_bytes()
+    at = data.index(struct.pack("<HHB3x", 9, 1, 9))
+    path = tmp_path / "r.pcapng"
+    path.write_bytes(data[: at + 4] + bytes([tsresol]) + data[at + 5 :])
+    base, exp = (2, tsresol & 0x7F) if tsresol & 0x80 else (10, tsresol)
+    want = {f.number: f.ts_ns * 10**9 // base**exp for f in w.frames}  # the file holds ns ticks
+    got = {p.number: p.ts for p in CaptureReader(str(path))}
+    assert got == {n: t if t <= TS_MAX else TS_UNKNOWN for n, t in want.items()}
+    recs, st, by_rows, _, by_cols = _tables([str(path)])
+    assert by_rows.equals(by_cols) and len(recs) == 2
+    assert bool(st.files[str(path)]["problems"]) == any(t > TS_MAX for t in want.values())
+
+
+@pytest.mark.parametrize("nanosecond", [False, True])
+def test_pcap_times_are_always_in_range(tmp_path: Path, nanosecond: bool) -> None:
+    w = write_capture(tmp_path / "c.pcap", [Conn(msgs=[Msg("c2s", encode("DCP_NOOP", opaque=1))])], nanosecond=nanosecond)
+    data = bytearray(w.path.read_bytes())
+    for off, _ in pcap_records(bytes(data)):
+        struct.pack_into("<II", data, off, 0xFFFFFFFF, 0xFFFFFFFF)  # the largest seconds and fraction
+    w.path.write_bytes(bytes(data))
+    recs, st, by_rows, _, by_cols = _tables([str(w.path)])
+    assert st.files[str(w.path)]["problems"] == [] and recs and all(0 < r.ts <= TS_MAX for r in recs)  # type: ignore[attr-defined]
+    assert by_rows.equals(by_cols) and by_cols.column("ts").null_count == 0
+
+
+def _peak(fn: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _good_pcapng(tmp_path: Path) -> bytes:
+    conn = Conn(msgs=[Msg("c2s" if i % 2 else "s2c", encode("DCP_NOOP", opaque=i)) for i in range(4)])
+    return write_capture(tmp_path / "good.pcapng", [conn], fmt="pcapng").path.read_bytes()
+
+
+#: a block of each kind appended to a good pcapng, claiming more than the file holds
+CLAIMS = {
+    "shb": struct.pack("<IIIHHq", 0x0A0D0D0A, 0xFFFFFFFC, 0x1A2B3C4D, 1, 0, -1),
+    "shb-max": struct.pack("<IIIHHq", 0x0A0D0D0A, MAX_RECORD, 0x1A2B3C4D, 1, 0, -1),
+    "idb": struct.pack("<IIHHI", 1, MAX_RECORD, 1, 0, 65535),
+    "epb": struct.pack("<IIIIIII", 6, MAX_RECORD, 0, 0, 0, MAX_RECORD - 32, MAX_RECORD - 32),
+    "spb": struct.pack("<III", 3, MAX_RECORD, MAX_RECORD - 16),
+    "other": struct.pack("<II", 0x0BAD, MAX_RECORD) + bytes(8),
+}
+
+
+def test_32_byte_pcapng_claiming_4_gib_reserves_nothing(tmp_path: Path) -> None:
+    path = str(write_hostile_headers(tmp_path)["pcapng_shb_4gib"])
+    st = CaptureStats()
+    peak = _peak(lambda: list(read_records([path], stats=st)))
+    assert peak < 8 << 20, peak
+    err = st.files[path]["error"]
+    assert err and "section header corrupt (block length 4294967292)" in err and "byte offset 0" in err
+
+
+def test_pcap_record_claiming_256_mib_reserves_nothing(tmp_path: Path) -> None:
+    path = str(write_hostile_headers(tmp_path)["pcap_record_256mib"])
+    st = CaptureStats()
+    recs: list[object] = []
+    peak = _peak(lambda: recs.extend(read_records([path], stats=st)))
+    assert peak < 8 << 20, peak
+    info = st.files[path]
+    assert info["packets"] == 14 and len(recs) == 8  # every record before it is kept
+    assert info["problems"] == ["truncated record: 16 of 268435456 bytes: the capture was cut short (at byte offset 1204)"]
+
+
+@pytest.mark.parametrize("kind", list(CLAIMS))
+def test_pcapng_block_claiming_more_than_the_file_reserves_nothing(tmp_path: Path, kind: str) -> None:
+    good = _good_pcapng(tmp_path)
+    path = tmp_path / "claim.pcapng"
+    path.write_bytes(good + CLAIMS[kind] + bytes(16))
+    st = CaptureStats()
+    recs: list[object] = []
+    peak = _peak(lambda: recs.extend(read_records([str(path)], stats=st)))
+    assert peak < 8 << 20, peak
+    info = st.files[str(path)]
+    assert info["error"] is None and info["packets"] == len(list(CaptureReader(str(tmp_path / "good.pcapng"))))
+    assert len(recs) == 4  # what came before is kept
+    left = len(CLAIMS[kind]) + 16
+    want = "corrupt block: length 4294967292; reading stopped" if kind == "shb" else f"truncated block ({left} of {MAX_RECORD} bytes)"
+    assert info["problems"] == [f"{want}{'' if kind == 'shb' else ': the capture was cut short'} (at byte offset {len(good)})"]
+
+
+def test_long_reads_of_an_unknown_size_go_in_pieces(tmp_path: Path) -> None:
+    """A file whose size is not known (a pipe): a claim is read a piece at a time, never reserved whole."""
+    good = _good_pcapng(tmp_path)
+    data = good + CLAIMS["epb"] + bytes(3 << 20)  # 3 MiB of the 256 MiB claimed
+    reader = CaptureReader("pipe")  # size 0: not known
+    packets: list[object] = []
+    peak = _peak(lambda: packets.extend(reader._pcapng(io.BufferedReader(io.BytesIO(data)))))  # type: ignore[arg-type]
+    assert len(packets) == 10 and peak < 12 << 20, peak
+    assert reader.problems == [(len(good), f"truncated block ({len(data) - len(good)} of {MAX_RECORD} bytes): the capture was cut short")]
+
+
+def test_read_error_keeps_what_was_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _good_pcapng(tmp_path)
+    path = tmp_path / "c.pcapng"
+    path.write_bytes(good)
+    real_read = io.BufferedReader.read
+
+    class Failing(io.BufferedReader):
+        def read(self, n: int | None = -1) -> bytes:
+            if self.tell() >= 300:
+                raise OSError(5, "Input/output error")
+            return real_read(self, n)
+
+    monkeypatch.setattr(capture.Path, "open", lambda self, mode: Failing(io.FileIO(os.fspath(self))))
+    reader = CaptureReader(str(path))
+    packets = list(reader)
+    assert packets and reader.problems and "read error (Input/output error); reading stopped" in reader.problems[0][1]
+
+
+def test_a_bad_file_does_not_stop_the_others(tmp_path: Path) -> None:
+    bad = write_bad_files(tmp_path / "bad") | write_hostile_headers(tmp_path / "hostile")
+    good = [
+        write_capture(tmp_path / f"good{i}.{fmt}", [Conn(client=(f"10.0.1.{i}", 40000 + i), msgs=dcp_conversation(6))], fmt=fmt).path
+        for i, fmt in enumerate(("pcap", "pcapng"))
+    ]
+    paths = [str(good[0]), *(str(p) for p in bad.values()), str(good[1])]
+    recs, st_rows, by_rows, st_cols, by_cols = _tables(paths)
+    assert by_rows.equals(by_cols)
+    assert st_rows.files == st_cols.files and list(st_rows.files) == paths
+    for g in good:
+        alone = [r.event.raw for r in read_records([str(g)])]  # type: ignore[attr-defined]
+        assert [r.event.raw for r in recs if r.file == str(g)] == alone  # type: ignore[attr-defined]
+        assert st_rows.files[str(g)]["problems"] == [] and st_rows.files[str(g)]["error"] is None
+    for name in ("pcapng_shb_4gib", "text"):
+        assert st_rows.files[str(bad[name])]["error"]
+    for name in ("pcap_record_256mib", "pcapng_ts_out_of_range", "pcapng_bad_tsresol", "truncated_record"):
+        assert st_rows.files[str(bad[name])]["problems"]

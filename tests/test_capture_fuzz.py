@@ -1,15 +1,29 @@
-"""Hostile capture files: any corruption is a reported problem or error, never a crash."""
+"""Hostile capture files: any corruption is a reported problem or error, never a crash.
+
+Both capture paths are checked: the row path (``read_records``, and the frames
+table built from the records) and the table path (``read_batches`` ->
+``chunk_batch``, which ``frames``, ``frames_df``, ``analyze`` and the explorer
+use); they must agree.  ``test_fuzz_slice`` runs a seeded slice of
+benchmarks/fuzz_captures.py (the big run: ``--count 5000``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
+import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pcapfactory import Conn, Msg, write_capture
 
 from dcpinspect import dissect, encode
+from dcpinspect.batches import SCHEMA, read_batches
 from dcpinspect.records import CaptureStats, read_records
+from dcpinspect.tables import frames_table
 
 MUT = {"by_seqno": 1, "rev_seqno": 1}
 _CACHE: dict[str, bytes] = {}
@@ -44,6 +58,10 @@ def test_corrupted_captures_never_crash(tmp_path: Path, fmt: str, edits: list[tu
     records = list(read_records([str(path)], stats=stats))
     info = stats.files[str(path)]
     assert info["error"] is None or "byte offset" in info["error"]
+    by_rows = frames_table(records)  # the row path's table
+    st2 = CaptureStats()
+    by_cols = pa.Table.from_batches(list(read_batches([str(path)], stats=st2, rows=5)), schema=SCHEMA)  # the table path
+    assert by_rows.equals(by_cols) and stats.files == st2.files
     for r in records:
         if r.event.type == "frame":
             dissect(r.event, r.context)  # type: ignore[arg-type]
@@ -53,3 +71,25 @@ def test_corrupted_captures_never_crash(tmp_path: Path, fmt: str, edits: list[tu
         key = (r.conn, r.direction)
         assert r.event.offset == ends.get(key, r.event.offset)
         ends[key] = r.event.offset + r.event.length
+
+
+def _fuzz_module() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_captures.py"
+    spec = importlib.util.spec_from_file_location("fuzz_captures", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fuzz_captures", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("seed", [101, 202, 303, 404, 505, 606])
+def test_fuzz_slice(tmp_path: Path, seed: int) -> None:
+    """50 mutated captures per seed (300 in all), each followed by an intact one, through both paths: no failure."""
+    fuzz = _fuzz_module()
+    tallies, disagree = fuzz.run(50, seed, tmp_path)
+    for name, t in tallies.items():
+        assert t.files == 50
+        assert t.failures == 0, f"{name} path: " + "\n".join(t.first)
+    assert disagree == 0
+    assert tallies["row"].problems > 0 and tallies["row"].rows > 0  # the damage was seen, the frames read

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pcapfactory import Conn, Msg, write_bad_files, write_capture
+from pcapfactory import Conn, Msg, write_bad_files, write_capture, write_hostile_headers
 
 from dcpinspect import encode
 from dcpinspect.records import CaptureStats, read_records
@@ -131,7 +131,13 @@ def check_written(p: sp.Pipeline, want: list[dict[str, Any]]) -> None:
         assert picked is not None and 0 < len(picked) <= 7 if want else len(picked) == 0
         stride = -(-len(want) // 7) if want else 1
         picked_frames = [w["frame"] for w in want if (w["frame"] - 1) % stride == 0]
-        assert sorted(picked.column("ts").to_pylist()) == sorted(int(want[f - 1]["ts"].timestamp() * 10**6) * 1000 for f in picked_frames)
+
+        def when(ts: Any) -> tuple[bool, int]:  # a null time (out of range in the capture) sorts first
+            return (ts is not None, ts or 0)
+
+        got_ts = picked.column("ts").to_pylist()
+        want_ts = [None if want[f - 1]["ts"] is None else int(want[f - 1]["ts"].timestamp() * 10**6) * 1000 for f in picked_frames]
+        assert sorted(got_ts, key=when) == sorted(want_ts, key=when)
 
 
 def check_timelines(p: sp.Pipeline, paths: list[str]) -> None:
@@ -256,10 +262,12 @@ def test_rotated_captures_join_up(spark: Any, tmp_path: Path) -> None:
 
 def test_bad_files_are_reported_and_never_fail_the_job(spark: Any, tmp_path: Path) -> None:
     bad = write_bad_files(tmp_path / "bad")
+    hostile = write_hostile_headers(tmp_path / "hostile")  # absurd lengths; packet times past 2262 (null ts, one problem per file)
     good = write_capture(tmp_path / "good.pcap", conns(2, 10), mss=500).path
-    paths = [str(good), *(str(p) for p in bad.values()), str(tmp_path / "missing.pcap")]
+    paths = [str(good), *(str(p) for p in bad.values()), *(str(p) for p in hostile.values()), str(tmp_path / "missing.pcap")]
     p = check(spark, paths, split_size=200, partitions=2)
     status = {r["path"]: r["status"] for r in p.status().collect()}
+    assert status[str(hostile["pcapng_bad_tsresol"])] == "problems"
     assert status[str(good)] == "ok"
     assert status[str(bad["text"])] == "error"
     assert status[str(bad["truncated_record"])] == "problems"
