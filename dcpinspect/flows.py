@@ -9,11 +9,15 @@ numbers into an ordered byte stream and feeds a :class:`FrameDecoder`.
 
 Rules this module keeps:
 
-1. Missing bytes are never zero-filled.  A hole that can no longer be filled
-   (the out-of-order buffer is over its bound, the direction ended, the
-   capture ended, the snaplen cut a packet) reaches the decoder as
-   ``feed_gap(n)``; the decoder resynchronises after it.  Each direction
-   counts the bytes it lost.
+1. Missing bytes are never zero-filled.  Bytes not captured - a segment lost
+   or not yet arrived, the tail of a packet the snaplen cut - are a hole that
+   a later segment (a retransmission) may fill.  A hole is given up only when
+   nothing can fill it any more: the out-of-order buffer is over its bound,
+   both ends sent FIN, a RST, a SYN reusing the tuple, the end of the capture
+   (or :meth:`Reassembler.expire`).  Then it reaches the decoder as
+   ``feed_gap(n)`` (dated by the cut packet when a snaplen cut made it); the
+   decoder resynchronises after it.  Each direction counts the bytes it lost:
+   exactly those that no captured segment carried.
 2. Sequence numbers are extended to 64 bits so they wrap correctly; a
    retransmission is dropped, an overlap is compared with the bytes already
    seen (kept for a bounded window) and a difference is reported.
@@ -25,12 +29,20 @@ Rules this module keeps:
 5. Each decoded event carries the timestamp and packet number of the packet
    its first byte arrived in and of the packet that completed it.
 6. No I/O and no clock: timestamps are whatever the source put in segments.
+7. Bounded cost: a segment costs O(log n) in the n out-of-order segments held
+   (a heap of their sequence numbers), and each direction holds at most
+   ``MAX_PENDING`` bytes and ``MAX_PENDING_SEGMENTS`` segments.  A closed
+   connection leaves every per-connection map (a bounded number of recently
+   closed ones stay findable by their 4-tuple); with ``keep_closed`` even the
+   list of connections is bounded, with counters of those dropped from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import NamedTuple
 
 from .decoder import DEFAULT_MAX_BODY, Event, FrameDecoder, _implausible_mcbp
@@ -55,6 +67,8 @@ MAX_PENDING = 4 * 1024 * 1024  # out-of-order bytes held per direction before a 
 MAX_NOTED = 100  # packet numbers kept per direction for conflicting retransmissions
 MAX_PENDING_SEGMENTS = 4096  # ... and out-of-order segments (many tiny ones cost more than their bytes)
 RECENT = 256 * 1024  # delivered bytes kept per direction to compare overlapping retransmissions
+MAX_RECENTLY_CLOSED = 1024  # closed connections still found by their 4-tuple (late retransmissions, ACKs)
+MAX_IGNORED = 65536  # 4-tuples of other traffic remembered (a SYN, FIN both ways or a RST forgets one sooner)
 _SESSION_OPCODES = frozenset((0x1F, 0x20, 0x21, 0x50, 0x89))  # HELLO, SASL, DCP_OPEN, SELECT_BUCKET
 
 
@@ -92,12 +106,46 @@ class FlowEvent(NamedTuple):
     file: str = ""  # the capture file of the packet that completed it
 
 
+_FINISHED = FrameDecoder()  # the decoder of every finished direction (theirs is closed: nothing more is fed)
+_FINISHED.close()
+
+#: a connection's 4-tuple, the lower endpoint first
+Key = tuple[tuple[str, int], tuple[str, int]]
+
 #: one decoder call's events: (events, ts_last, packet_last, heads) - see :data:`Batch`
 Emitted = tuple[list[Event], int, int, list[tuple[int, int, int, int]]]
 
 
 class HalfStream:
-    """One direction of a connection: sequence space -> ordered bytes -> decoder."""
+    """One direction of a connection: sequence space -> ordered bytes -> decoder.
+
+    Out-of-order segments wait in ``pending`` (keyed by sequence number, with
+    a heap of the keys, so the earliest is found in O(1) and taken in
+    O(log n)); bytes the snaplen cut are a hole like any other, until a
+    segment fills it or it is given up.  A finished direction keeps only its
+    counters (its decoder is replaced by a shared closed one).
+    """
+
+    __slots__ = (
+        "_arrivals",
+        "_cut",
+        "_order",
+        "_recent",
+        "after_close",
+        "base",
+        "bytes",
+        "closed",
+        "conflict_packets",
+        "conflicts",
+        "decoder",
+        "fin_seq",
+        "known_end",
+        "lost",
+        "next_seq",
+        "pending",
+        "pending_bytes",
+        "segments",
+    )
 
     def __init__(self, *, aligned: bool, max_body: int = DEFAULT_MAX_BODY) -> None:
         self.decoder = FrameDecoder(aligned=aligned, max_body=max_body)
@@ -105,6 +153,9 @@ class HalfStream:
         self.base: int | None = None  # absolute seq of decoder offset 0
         self.pending: dict[int, tuple[bytes, int, int, int]] = {}  # abs seq -> (data, missing, ts, packet)
         self.pending_bytes = 0
+        self.known_end = 0  # absolute seq after the furthest byte a segment accounted for (payload + snaplen cut)
+        self._order: list[int] = []  # heap of the keys of ``pending``: the earliest is always ``_order[0]``
+        self._cut: tuple[int, int, int] | None = None  # (seq, ts, packet) of the latest snaplen cut that left a hole at seq
         self.fin_seq: int | None = None
         self.closed = False
         self.lost = 0  # bytes known missing (gaps)
@@ -183,75 +234,78 @@ class HalfStream:
         return lo
 
     def push(self, seq: int, data: bytes, missing: int, ts: int, packet: int, out: list[Emitted]) -> None:
-        """Take one segment's payload at absolute ``seq``."""
+        """Take one segment's payload at absolute ``seq`` (``missing`` bytes cut by the snaplen follow it)."""
         self.segments += 1
         if self.closed:  # after FIN/RST or a corrupt flag: nothing more is decoded here
             self.after_close += len(data)
             return
         if self.next_seq is None:
             self.next_seq = self.base = seq
+        end = seq + len(data)
+        self.known_end = max(self.known_end, end + missing)
         nxt = self.next_seq
-        end = seq + len(data) + missing
-        if end <= nxt:
+        if end <= nxt:  # no byte we lack (its cut tail, if any, is a hole like any other)
             self._compare(seq, data, packet)
-            return  # a retransmission of bytes already delivered
+            if missing and end == nxt:
+                self._cut = (nxt, ts, packet)
+            return
         if seq < nxt:  # overlaps what we have: keep the new tail
             cut = nxt - seq
             self._compare(seq, data[:cut], packet)
-            if cut <= len(data):
-                data = data[cut:]
-            else:
-                missing -= cut - len(data)
-                data = b""
+            data = data[cut:]
             seq = nxt
         if seq == nxt:
-            self._take(data, missing, ts, packet, out)
-            self._drain(out)
-        else:
-            old = self.pending.get(seq)
-            if old is not None and old[0] != data[: len(old[0])] and not data.startswith(old[0][: len(data)]):
-                self._conflict(packet)
-            if old is None or len(data) + missing > len(old[0]) + old[1]:
-                if old is not None:
-                    self.pending_bytes -= len(old[0])
-                self.pending[seq] = (data, missing, ts, packet)
-                self.pending_bytes += len(data)
-            if self.pending_bytes > MAX_PENDING or len(self.pending) > MAX_PENDING_SEGMENTS:
-                self._skip_hole(ts, packet, out)
-
-    def _take(self, data: bytes, missing: int, ts: int, packet: int, out: list[Emitted]) -> None:
-        if data:
             self._deliver(data, ts, packet, out)
-        if missing:
-            self._gap(missing, ts, packet, out)
+            if missing:
+                self._cut = (self.next_seq, ts, packet)
+            if self._order and self._order[0] <= self.next_seq:
+                self._drain(out)
+            return
+        old = self.pending.get(seq)
+        if old is None:
+            self.pending[seq] = (data, missing, ts, packet)
+            self.pending_bytes += len(data)
+            heappush(self._order, seq)
+        else:
+            if old[0] != data[: len(old[0])] and not data.startswith(old[0][: len(data)]):
+                self._conflict(packet)
+            if len(data) > len(old[0]):  # the one that carries more bytes (its cut is known_end's business)
+                self.pending[seq] = (data, missing, ts, packet)
+                self.pending_bytes += len(data) - len(old[0])
+        while self.pending_bytes > MAX_PENDING or len(self.pending) > MAX_PENDING_SEGMENTS:
+            self._skip_hole(ts, packet, out)
 
     def _drain(self, out: list[Emitted]) -> None:
-        while self.pending and self.next_seq is not None:
+        """Deliver the pending segments that now start at or before ``next_seq``, lowest first."""
+        order, pending = self._order, self.pending
+        while order and self.next_seq is not None and order[0] <= self.next_seq:
+            s = heappop(order)
+            data, missing, ts, packet = pending.pop(s)
+            self.pending_bytes -= len(data)
             nxt = self.next_seq
-            ready = [s for s in self.pending if s <= nxt]
-            if not ready:
-                return
-            for s in sorted(ready):
-                data, missing, ts, packet = self.pending.pop(s)
-                self.pending_bytes -= len(data)
-                nxt = self.next_seq
-                if s + len(data) + missing <= nxt:
-                    self._compare(s, data, packet)
-                    continue
-                cut = nxt - s
-                self._compare(s, data[:cut], packet)
-                if cut <= len(data):
-                    self._take(data[cut:], missing, ts, packet, out)
-                else:
-                    self._take(b"", missing - (cut - len(data)), ts, packet, out)
+            if s + len(data) <= nxt:
+                self._compare(s, data, packet)
+                continue
+            cut = nxt - s
+            self._compare(s, data[:cut], packet)
+            self._deliver(data[cut:], ts, packet, out)
+            if missing:
+                self._cut = (self.next_seq, ts, packet)
+
+    def _hole(self, n: int, ts: int, packet: int, out: list[Emitted]) -> None:
+        """Give up the ``n`` bytes at ``next_seq``: a gap, dated by the packet the snaplen cut when that made it."""
+        cut = self._cut
+        if cut is not None and cut[0] == self.next_seq:
+            ts, packet = cut[1], cut[2]
+        self._gap(n, ts, packet, out)
 
     def _skip_hole(self, ts: int, packet: int, out: list[Emitted]) -> None:
         """Give up waiting for the bytes before the earliest pending segment."""
-        if not self.pending or self.next_seq is None:
+        if not self._order or self.next_seq is None:
             return
-        first = min(self.pending)
+        first = self._order[0]
         if first > self.next_seq:
-            self._gap(first - self.next_seq, ts, packet, out)
+            self._hole(first - self.next_seq, ts, packet, out)
         self._drain(out)
 
     def _conflict(self, packet: int) -> None:
@@ -275,14 +329,18 @@ class HalfStream:
             return
         while self.pending:
             self._skip_hole(ts, packet, out)
-        if self.fin_seq is not None and self.next_seq is not None and self.fin_seq > self.next_seq:
-            self._gap(self.fin_seq - self.next_seq, ts, packet, out)
+        end = max(self.known_end, self.fin_seq or 0)
+        if self.next_seq is not None and end > self.next_seq:
+            self._hole(end - self.next_seq, ts, packet, out)
         self.closed = True
         if self.base is None:
             self.base = self.next_seq = 0
         self._emit(self.decoder.close(), out)
+        self.decoder = _FINISHED
         self._arrivals = []  # a finished direction keeps only its counters
         self._recent = bytearray()
+        self._order = []
+        self._cut = None
 
 
 @dataclass(eq=False)
@@ -305,6 +363,8 @@ class Connection:
     last_ts: int = 0
     last_file: str = ""  # the capture file of its latest packet (rotated captures)
     packets: int = 0
+    dropped: bool = False  # closed, and no longer in :attr:`Reassembler.connections` (see ``keep_closed``)
+    _retired: bool = field(default=False, repr=False)  # closed and out of the live map
 
     @property
     def label(self) -> str:
@@ -344,12 +404,30 @@ def expand(batch: Batch) -> Iterator[tuple[Event, int, int, int, int]]:
 class Reassembler:
     """Every TCP connection of a capture, reassembled and decoded.
 
+    Memory stays bounded for a long-running source (a proxy, a sniffer): a
+    connection that closed (both directions finished by FIN, or a RST, their
+    held bytes flushed) leaves the map of live connections for a bounded map
+    of recently closed ones (late retransmissions and ACKs still find it; a SYN
+    on its 4-tuple opens a new connection); tuples of other traffic are
+    forgotten on FIN both ways or RST and are bounded too.  What stays is
+    :attr:`connections`: every connection, unless ``keep_closed`` is set.  A
+    connection that never closes stays live until :meth:`expire` (or the end).
+
     Args:
         server_ports: ports that mark the server side (and memcached traffic).
         detect: also decode connections on other ports whose first bytes are
             a plausible memcached-binary header.
         tls_ports: ports whose traffic is TLS (reported, never decoded).
         max_body: passed to each :class:`FrameDecoder`.
+        keep_closed: ``None`` (the default) keeps every connection in
+            :attr:`connections` (a capture's summary lists them all).  A
+            number keeps only that many closed connections there, the most
+            recently closed: older ones are dropped (``Connection.dropped``)
+            at the start of the next :meth:`feed_raw` - after the caller has
+            handled the events of the segment that closed them - their
+            counters added to :attr:`dropped`, and :attr:`on_drop` (if set)
+            called with each, so that a caller can forget what it keeps per
+            connection.  Set it (or the attribute) before feeding.
     """
 
     def __init__(
@@ -359,20 +437,28 @@ class Reassembler:
         detect: bool = True,
         tls_ports: Iterable[int] = TLS_PORTS,
         max_body: int = DEFAULT_MAX_BODY,
+        keep_closed: int | None = None,
     ) -> None:
         self.server_ports = frozenset(server_ports)
         self.tls_ports = frozenset(tls_ports)
         self.detect = detect
         self.max_body = max_body
-        self.connections: list[Connection] = []
+        self.keep_closed = keep_closed
+        self.on_drop: Callable[[Connection], None] | None = None
+        self.connections: list[Connection] = []  # in order of id; compacted in place when some are dropped
+        self.dropped: Counter[str] = Counter()  # connections dropped from ``connections``, and their packets, bytes, lost, ...
         self.skipped_segments = 0  # TCP segments of connections that are not memcached binary
-        self._live: dict[tuple[tuple[str, int], tuple[str, int]], Connection] = {}
-        self._ignored: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+        self._live: dict[Key, Connection] = {}
+        self._recently_closed: dict[Key, Connection] = {}  # oldest first, at most MAX_RECENTLY_CLOSED
+        self._ignored: dict[Key, int] = {}  # not memcached binary -> bits of the endpoints that sent FIN; oldest first
+        self._closed_kept: deque[Connection] = deque()  # closed connections still in ``connections`` (with keep_closed)
+        self._stale = 0  # dropped connections still in ``connections`` (compacted when they are many)
+        self._next_id = 1
         self._last_ts = 0
         self._last_packet = 0
         self._last_file = ""
 
-    def _key(self, seg: Segment) -> tuple[tuple[str, int], tuple[str, int]]:
+    def _key(self, seg: Segment) -> Key:
         a = (seg.src, seg.sport)
         b = (seg.dst, seg.dport)
         return (a, b) if a <= b else (b, a)
@@ -383,11 +469,15 @@ class Reassembler:
 
     def feed_raw(self, seg: Segment) -> list[Batch]:
         """Like :meth:`feed`, in batches (see :data:`Batch`): no object per event beyond the decoder's."""
+        if self.keep_closed is not None and len(self._closed_kept) > self.keep_closed:
+            self._trim(self.keep_closed)
         self._last_ts = seg.ts
         self._last_packet = seg.packet
         self._last_file = seg.file
         key = self._key(seg)
         conn = self._live.get(key)
+        if conn is None:
+            conn = self._recently_closed.get(key)
         out: list[Batch] = []
         src = (seg.src, seg.sport)
         if seg.flags & SYN and conn is not None:
@@ -399,15 +489,20 @@ class Reassembler:
         if conn is None:
             if key in self._ignored and not seg.flags & SYN:
                 self.skipped_segments += 1
+                self._ignored_flags(key, src, seg.flags)
                 return out
             conn = self._open(seg, key)
             if conn is None:
                 self.skipped_segments += 1
+                self._ignored_flags(key, src, seg.flags)
                 return out
         if not conn.decided and (seg.payload or seg.missing):
             self._decide(conn, seg.payload)
         if conn.ignored:
             self.skipped_segments += 1
+            self._forget(key, conn)
+            self._ignore(key)
+            self._ignored_flags(key, src, seg.flags)
             return out
         conn.packets += 1
         conn.last_ts = seg.ts
@@ -426,7 +521,9 @@ class Reassembler:
         if conn.tls:  # encrypted: counted, never decoded
             half.segments += 1
             half.bytes += len(seg.payload)
-            conn.closed = conn.closed or bool(seg.flags & (FIN | RST))
+            if seg.flags & (FIN | RST) and not conn.closed:
+                conn.closed = True
+                self._retire(key, conn)
             return out
         if seg.payload or seg.missing:
             half.push(half.extend(seq & 0xFFFFFFFF), seg.payload, seg.missing, seg.ts, seg.packet, raw_out)
@@ -437,11 +534,20 @@ class Reassembler:
         out += [(conn, d, *e, seg.file) for e in raw_out]
         if seg.flags & RST:
             out += self._close(conn, seg.ts, seg.packet)
-        elif all(h.closed for h in conn.halves.values()) and len(conn.halves) == 2:
-            conn.closed = True
+        elif (
+            half.fin_seq is not None
+            and not conn.closed
+            and len(conn.halves) == 2
+            and all(h.closed or h.fin_seq is not None for h in conn.halves.values())
+        ):
+            if all(h.closed for h in conn.halves.values()):
+                conn.closed = True
+                self._retire(key, conn)
+            else:  # both ends sent FIN: the bytes still missing will not come (rule 1)
+                out += self._close(conn, seg.ts, seg.packet)
         return out
 
-    def _open(self, seg: Segment, key: tuple[tuple[str, int], tuple[str, int]]) -> Connection | None:
+    def _open(self, seg: Segment, key: Key) -> Connection | None:
         src, dst = (seg.src, seg.sport), (seg.dst, seg.dport)
         tls = seg.dport in self.tls_ports or seg.sport in self.tls_ports
         if seg.flags & SYN and not seg.flags & ACK:
@@ -459,7 +565,7 @@ class Reassembler:
             how = "guess"
         known = server[1] in self.server_ports or server[1] in self.tls_ports
         if not known and not seg.flags & SYN and not (self.detect and _plausible_start(seg.payload)):
-            self._ignored.add(key)
+            self._ignore(key)
             return None
         conn = Connection(0, client, server, file=seg.file, syn_seen=bool(seg.flags & SYN), role_source=how, tls=tls, first_ts=seg.ts)
         conn.decided = known or not seg.flags & SYN  # a SYN on another port: wait for its first bytes
@@ -468,13 +574,17 @@ class Reassembler:
         if not tls and seg.payload[:2] == b"\x16\x03":
             conn.tls = True
         self._live[key] = conn
-        self._ignored.discard(key)
+        self._recently_closed.pop(key, None)
+        self._ignored.pop(key, None)
         return conn
 
     def _adopt(self, conn: Connection) -> None:
         conn.decided = True
-        conn.id = len(self.connections) + 1
+        conn.id = self._next_id
+        self._next_id += 1
         self.connections.append(conn)
+        if conn.closed and self.keep_closed is not None:  # closed before its first bytes said what it is
+            self._closed_kept.append(conn)
 
     def _decide(self, conn: Connection, payload: bytes) -> None:
         """First bytes of a connection on an unknown port: memcached binary, TLS, or not ours."""
@@ -485,6 +595,67 @@ class Reassembler:
             conn.decided = True
             conn.ignored = True
 
+    def _ignore(self, key: Key) -> None:
+        """Remember a 4-tuple of other traffic (the oldest one is forgotten beyond MAX_IGNORED)."""
+        if key not in self._ignored:
+            self._ignored[key] = 0
+            if len(self._ignored) > MAX_IGNORED:
+                del self._ignored[next(iter(self._ignored))]
+
+    def _ignored_flags(self, key: Key, src: tuple[str, int], flags: int) -> None:
+        """Forget the tuple of other traffic once it was reset or both ends sent FIN."""
+        bits = self._ignored.get(key)
+        if bits is None or not flags & (FIN | RST):
+            return
+        bits |= 3 if flags & RST else 1 if src == key[0] else 2
+        if bits == 3:
+            del self._ignored[key]
+        else:
+            self._ignored[key] = bits
+
+    def _forget(self, key: Key, conn: Connection) -> None:
+        """Take ``conn`` out of the maps of live and recently closed connections."""
+        if self._live.get(key) is conn:
+            del self._live[key]
+        if self._recently_closed.get(key) is conn:
+            del self._recently_closed[key]
+
+    def _retire(self, key: Key, conn: Connection) -> None:
+        """``conn`` just closed: from the live map to the bounded map of recently closed ones."""
+        if conn._retired:
+            return
+        conn._retired = True
+        if self._live.get(key) is conn:
+            del self._live[key]
+            recent = self._recently_closed
+            recent.pop(key, None)
+            recent[key] = conn
+            if len(recent) > MAX_RECENTLY_CLOSED:
+                del recent[next(iter(recent))]
+        if conn.decided and not conn.ignored and self.keep_closed is not None:
+            self._closed_kept.append(conn)
+
+    def _trim(self, keep: int) -> None:
+        """Drop the oldest closed connections from :attr:`connections` until ``keep`` are left."""
+        kept = self._closed_kept
+        while len(kept) > keep:
+            conn = kept.popleft()
+            conn.dropped = True
+            d = self.dropped
+            d["connections"] += 1
+            d["packets"] += conn.packets
+            for h in conn.halves.values():
+                d["bytes"] += h.bytes
+                d["lost"] += h.lost
+                d["conflicts"] += h.conflicts
+                d["after_close"] += h.after_close
+            self._stale += 1
+            if self.on_drop is not None:
+                self.on_drop(conn)
+        if self._stale > 64 and self._stale * 2 > len(self.connections):
+            self.connections[:] = [c for c in self.connections if not c.dropped]  # in place: others hold this list
+            self._stale = 0
+
     def _close(self, conn: Connection, ts: int, packet: int) -> list[Batch]:
         out: list[Batch] = []
         for d, half in conn.halves.items() if not conn.tls else ():
@@ -492,6 +663,21 @@ class Reassembler:
             half.finish(ts, packet, raw)
             out += [(conn, d, *e, conn.last_file or self._last_file) for e in raw]  # the file the connection was last seen in
         conn.closed = True
+        self._retire(_conn_key(conn), conn)
+        return out
+
+    def expire(self, idle_before: int) -> list[Batch]:
+        """Close the connections whose latest packet is older than ``idle_before`` (ns, capture time).
+
+        For a long-running source: a connection that vanished without FIN or
+        RST (or whose FIN the capture lost) is otherwise live until the end.
+        Its directions are finished as at the end of a capture (their holes
+        given up) and its events returned, in batches (see :meth:`feed_raw`).
+        O(live connections): call it now and then, not per segment.
+        """
+        out: list[Batch] = []
+        for conn in [c for c in self._live.values() if c.last_ts < idle_before and not c.closed]:
+            out += self._close(conn, self._last_ts, self._last_packet)
         return out
 
     def close(self) -> list[FlowEvent]:
@@ -501,9 +687,8 @@ class Reassembler:
     def close_raw(self) -> list[Batch]:
         """Like :meth:`close`, in batches (see :meth:`feed_raw`)."""
         out: list[Batch] = []
-        for conn in self.connections:
-            if not conn.closed:
-                out += self._close(conn, self._last_ts, self._last_packet)
+        for conn in [c for c in self.connections if not c.closed]:
+            out += self._close(conn, self._last_ts, self._last_packet)
         return out
 
     def run(self, segments: Iterable[Segment]) -> Iterator[FlowEvent]:
@@ -511,6 +696,11 @@ class Reassembler:
         for seg in segments:
             yield from self.feed(seg)
         yield from self.close()
+
+
+def _conn_key(conn: Connection) -> Key:
+    a, b = conn.client, conn.server
+    return (a, b) if a <= b else (b, a)
 
 
 def _plausible_start(payload: bytes) -> bool:
