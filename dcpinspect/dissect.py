@@ -1039,74 +1039,95 @@ def _secret(d: Dissection, span: tuple[int, int]) -> None:
     d.secrets.append(span)
 
 
+#: SCRAM mechanisms whose messages are parsed (attributes shown, proofs masked); any other mechanism is masked whole
+_SCRAM_MECHANISMS = frozenset(("SCRAM-SHA1", "SCRAM-SHA256", "SCRAM-SHA512"))
+#: SCRAM attributes that hold no secret (RFC 5802 §5.1): user, nonce, salt, iterations, channel binding, authzid
+_SCRAM_SAFE = frozenset("nrsica")
+_SCRAM_LABELS = {"n": "user", "r": "nonce", "s": "salt", "i": "iterations", "c": "channel binding", "p": "proof", "v": "verifier"}
+
+
+def _scram_attrs(value: bytes) -> list[bytes] | None:
+    """A SCRAM message's comma-separated parts when it is well-formed (printable ASCII, ``x=...`` attributes), else ``None``.
+
+    A client-first message starts with its GS2 header (``n,,`` / ``y,,`` /
+    ``p=...,`` then an optional ``a=authzid``): those two parts are kept as they are.
+    """
+    if not value or any(b < 0x21 or b > 0x7E for b in value):
+        return None
+    parts = value.split(b",")
+    body = parts
+    if parts[0] in (b"n", b"y") or parts[0].startswith(b"p="):
+        if len(parts) < 3 or not (parts[1] == b"" or parts[1].startswith(b"a=")):
+            return None
+        # p=cb-name[,a=authzid] are attributes too (checked below)
+        body = parts[2:] if parts[0] in (b"n", b"y") else parts[1:] if parts[1] else parts[2:]
+    for attr in body:
+        if len(attr) < 2 or attr[1:2] != b"=" or not attr[:1].isalpha():
+            return None
+    return parts
+
+
+def _sasl_masked(d: Dissection, start: int, n: int) -> None:
+    """The whole SASL payload as one masked field (it is not positively known to be safe)."""
+    d._items.append(("leaf", None, "value", "Value", start, n, "*" * n, 0, "masked", TEXT, True))
+    _secret(d, (start, n))
+
+
 def _sasl_value(d: Dissection, raw: bytes, start: int, end: int) -> None:
+    r"""SASL data: every request payload is masked unless positively known to be safe.
+
+    Shown: a PLAIN request's authzid and user (its password masked) and
+    well-formed SCRAM messages (proofs and verifiers masked).  Masked whole:
+    any other mechanism (CRAM-MD5, ``PLAIN `` or ``PLAIN\0``, an unknown one),
+    a PLAIN payload that is not ``authzid\0user\0password``, a SCRAM message
+    that is not well-formed (one non-printable byte is enough).  Responses
+    (server challenges, errors) are shown, their ``v=`` verifier masked.
+    ``reveal_secrets`` shows everything.
+    """
     value = raw[start:end]
     n = end - start
-    reveal = d.context.reveal_secrets
-    mech = d.key_text.upper() if d.role == "request" else ""
     items = d._items
-    if mech == "PLAIN":
+    reveal = d.context.reveal_secrets
+    request = d.role == "request"
+    mech = d.key_text.upper() if request else ""
+    if request and mech == "PLAIN":
         parts = value.split(b"\0")
         if len(parts) != 3:
             d.problems.append(Problem("PLAIN auth data is not authzid\\0user\\0password", start, n))
-            items.append(("leaf", None, "value", "Value", start, n, "*" * n if not reveal else _text(value), 0, None, TEXT, not reveal))
-            if not reveal:
-                _secret(d, (start, n))
+            if reveal:
+                items.append(("leaf", None, "value", "Value", start, n, _text(value), 0, None, TEXT, False))
+            else:
+                _sasl_masked(d, start, n)
             return
         pos = start
         for name, part in zip(("authzid", "user", "password"), parts, strict=True):
             secret = name == "password" and not reveal
             if part or name != "authzid":
-                items.append(
-                    (
-                        "leaf",
-                        None,
-                        f"value.{name}",
-                        name,
-                        pos,
-                        len(part),
-                        "********" if secret else _text(part),
-                        1,
-                        "masked" if secret else None,
-                        TEXT,
-                        secret,
-                    )
-                )
+                shown = "********" if secret else _text(part)
+                items.append(("leaf", None, f"value.{name}", name, pos, len(part), shown, 1, "masked" if secret else None, TEXT, secret))
             if secret and part:
                 _secret(d, (pos, len(part)))
             pos += len(part) + 1
         return
-    text = _text(value)
-    if "=" in text and text.isprintable():  # SCRAM attribute list: a=...,b=...
-        pos = start
-        for attr in value.split(b","):
-            name = _text(attr[:1])
-            secret = name in ("p", "v") and attr[1:2] == b"=" and not reveal
-            shown = f"{name}=********" if secret else _text(attr)
-            items.append(
-                (
-                    "leaf",
-                    None,
-                    f"value.{name}",
-                    {"n": "user", "r": "nonce", "s": "salt", "i": "iterations", "c": "channel binding", "p": "proof", "v": "verifier"}.get(
-                        name, "attribute"
-                    ),
-                    pos,
-                    len(attr),
-                    shown,
-                    1,
-                    "masked" if secret else None,
-                    TEXT,
-                    secret,
-                )
-            )
-            if secret:
-                _secret(d, (pos + 2, len(attr) - 2))
-            pos += len(attr) + 1
+    attrs = _scram_attrs(value)
+    if attrs is None or (request and mech not in _SCRAM_MECHANISMS and not reveal):
+        if not reveal and (request or b"v=" in value or b"p=" in value):
+            _sasl_masked(d, start, n)
+            return
+        text = _is_text(value)
+        items.append(("leaf", None, "value", "Value", start, n, _text(value) if text else value, 0, None, TEXT if text else BYTES, False))
         return
-    items.append(
-        ("leaf", None, "value", "Value", start, n, text if _is_text(value) else value, 0, None, TEXT if _is_text(value) else BYTES, False)
-    )
+    gs2 = 2 if attrs[0] in (b"n", b"y") or attrs[0].startswith(b"p=") else 0
+    pos = start
+    for i, attr in enumerate(attrs):
+        name = _text(attr[:1])
+        secret = i >= gs2 and name not in _SCRAM_SAFE and not (name == "e" and not request) and not reveal  # e=: a server's error
+        shown = f"{name}=********" if secret else _text(attr)
+        label = _SCRAM_LABELS.get(name, "attribute") if i >= gs2 else "GS2 header"
+        items.append(("leaf", None, f"value.{name}", label, pos, len(attr), shown, 1, "masked" if secret else None, TEXT, secret))
+        if secret:
+            _secret(d, (pos + 2, len(attr) - 2))
+        pos += len(attr) + 1
 
 
 def _flatbuffers_value(d: Dissection, table: str, raw: bytes, start: int, end: int) -> None:

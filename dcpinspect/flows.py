@@ -31,7 +31,8 @@ Rules this module keeps:
 6. No I/O and no clock: timestamps are whatever the source put in segments.
 7. Bounded cost: a segment costs O(log n) in the n out-of-order segments held
    (a heap of their sequence numbers), and each direction holds at most
-   ``MAX_PENDING`` bytes and ``MAX_PENDING_SEGMENTS`` segments.  A closed
+   ``MAX_PENDING`` bytes and ``MAX_PENDING_SEGMENTS`` segments (far fewer,
+   ``MAX_CUT_PENDING*``, behind a hole the snaplen cut).  A closed
    connection leaves every per-connection map (a bounded number of recently
    closed ones stay findable by their 4-tuple); with ``keep_closed`` even the
    list of connections is bounded, with counters of those dropped from it.
@@ -66,7 +67,11 @@ FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
 MAX_PENDING = 4 * 1024 * 1024  # out-of-order bytes held per direction before a hole becomes a gap
 MAX_NOTED = 100  # packet numbers kept per direction for conflicting retransmissions
 MAX_PENDING_SEGMENTS = 4096  # ... and out-of-order segments (many tiny ones cost more than their bytes)
-RECENT = 256 * 1024  # delivered bytes kept per direction to compare overlapping retransmissions
+# Behind a hole the snaplen cut, much less is held: the receiver got those bytes, so a retransmission of them is rare
+# (the real segment was lost too), while a capture taken with a small snaplen cuts every segment of every connection.
+MAX_CUT_PENDING = 64 * 1024
+MAX_CUT_PENDING_SEGMENTS = 64
+RECENT = 64 * 1024  # delivered bytes kept per direction (up to twice that) to compare overlapping retransmissions
 MAX_RECENTLY_CLOSED = 1024  # closed connections still found by their 4-tuple (late retransmissions, ACKs)
 MAX_IGNORED = 65536  # 4-tuples of other traffic remembered (a SYN, FIN both ways or a RST forgets one sooner)
 _SESSION_OPCODES = frozenset((0x1F, 0x20, 0x21, 0x50, 0x89))  # HELLO, SASL, DCP_OPEN, SELECT_BUCKET
@@ -131,6 +136,7 @@ class HalfStream:
         "_cut",
         "_order",
         "_recent",
+        "_window",
         "after_close",
         "base",
         "bytes",
@@ -147,8 +153,9 @@ class HalfStream:
         "segments",
     )
 
-    def __init__(self, *, aligned: bool, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(self, *, aligned: bool, max_body: int = DEFAULT_MAX_BODY, window: int = RECENT) -> None:
         self.decoder = FrameDecoder(aligned=aligned, max_body=max_body)
+        self._window = window  # delivered bytes kept to compare retransmissions with (0: none, e.g. a proxy's own stream)
         self.next_seq: int | None = None  # absolute (64-bit) next expected sequence number
         self.base: int | None = None  # absolute seq of decoder offset 0
         self.pending: dict[int, tuple[bytes, int, int, int]] = {}  # abs seq -> (data, missing, ts, packet)
@@ -184,9 +191,10 @@ class HalfStream:
         self._arrivals.append((self.next_seq - self.base, ts, packet))
         self.next_seq += len(data)
         self.bytes += len(data)
-        self._recent += data
-        if len(self._recent) > 2 * RECENT:
-            del self._recent[: len(self._recent) - RECENT]
+        if self._window:
+            self._recent += data
+            if len(self._recent) > 2 * self._window:
+                del self._recent[: len(self._recent) - self._window]
         self._emit(self.decoder.feed(data), out)
 
     def _gap(self, n: int, ts: int, packet: int, out: list[Emitted]) -> None:
@@ -274,6 +282,13 @@ class HalfStream:
                 self.pending_bytes += len(data) - len(old[0])
         while self.pending_bytes > MAX_PENDING or len(self.pending) > MAX_PENDING_SEGMENTS:
             self._skip_hole(ts, packet, out)
+        while (
+            self._order
+            and (self.pending_bytes > MAX_CUT_PENDING or len(self.pending) > MAX_CUT_PENDING_SEGMENTS)
+            and self._cut is not None
+            and self._cut[0] == self.next_seq
+        ):
+            self._skip_hole(ts, packet, out)
 
     def _drain(self, out: list[Emitted]) -> None:
         """Deliver the pending segments that now start at or before ``next_seq``, lowest first."""
@@ -356,6 +371,7 @@ class Connection:
     tls: bool = False
     closed: bool = False
     decided: bool = True  # known to be memcached binary (or TLS); False until the first payload says
+    sniffed: bool = False  # its first payload was looked at for a TLS record
     ignored: bool = False  # not memcached binary: its segments are counted and skipped
     isn: dict[str, int] = field(default_factory=dict)
     halves: dict[str, HalfStream] = field(default_factory=dict)
@@ -428,6 +444,9 @@ class Reassembler:
             counters added to :attr:`dropped`, and :attr:`on_drop` (if set)
             called with each, so that a caller can forget what it keeps per
             connection.  Set it (or the attribute) before feeding.
+        compare_window: delivered bytes each direction keeps (up to twice
+            this) to compare overlapping retransmissions with; 0 for a stream
+            that cannot retransmit, such as what a proxy forwarded.
     """
 
     def __init__(
@@ -438,12 +457,14 @@ class Reassembler:
         tls_ports: Iterable[int] = TLS_PORTS,
         max_body: int = DEFAULT_MAX_BODY,
         keep_closed: int | None = None,
+        compare_window: int = RECENT,
     ) -> None:
         self.server_ports = frozenset(server_ports)
         self.tls_ports = frozenset(tls_ports)
         self.detect = detect
         self.max_body = max_body
         self.keep_closed = keep_closed
+        self.compare_window = compare_window
         self.on_drop: Callable[[Connection], None] | None = None
         self.connections: list[Connection] = []  # in order of id; compacted in place when some are dropped
         self.dropped: Counter[str] = Counter()  # connections dropped from ``connections``, and their packets, bytes, lost, ...
@@ -504,13 +525,18 @@ class Reassembler:
             self._ignore(key)
             self._ignored_flags(key, src, seg.flags)
             return out
+        if not conn.sniffed and seg.payload:  # a TLS handshake on any port (after a SYN, the first segment has none)
+            conn.sniffed = True
+            conn.tls = conn.tls or _tls_record(seg.payload)
         conn.packets += 1
         conn.last_ts = seg.ts
         conn.last_file = seg.file
         d = "c2s" if src == conn.client else "s2c"
         half = conn.halves.get(d)
         if half is None:
-            half = conn.halves[d] = HalfStream(aligned=bool(seg.flags & SYN) or conn.syn_seen, max_body=self.max_body)
+            half = conn.halves[d] = HalfStream(
+                aligned=bool(seg.flags & SYN) or conn.syn_seen, max_body=self.max_body, window=self.compare_window
+            )
         raw_out: list[Emitted] = []
         seq = seg.seq
         if seg.flags & SYN:
@@ -549,7 +575,6 @@ class Reassembler:
 
     def _open(self, seg: Segment, key: Key) -> Connection | None:
         src, dst = (seg.src, seg.sport), (seg.dst, seg.dport)
-        tls = seg.dport in self.tls_ports or seg.sport in self.tls_ports
         if seg.flags & SYN and not seg.flags & ACK:
             client, server, how = src, dst, "syn"
         elif seg.flags & SYN:  # SYN-ACK: the sender is the server
@@ -564,6 +589,7 @@ class Reassembler:
             client, server = (src, dst) if seg.sport > seg.dport else (dst, src)
             how = "guess"
         known = server[1] in self.server_ports or server[1] in self.tls_ports
+        tls = server[1] in self.tls_ports  # the server's port: a client's ephemeral port may be anything
         if not known and not seg.flags & SYN and not (self.detect and _plausible_start(seg.payload)):
             self._ignore(key)
             return None
@@ -571,8 +597,6 @@ class Reassembler:
         conn.decided = known or not seg.flags & SYN  # a SYN on another port: wait for its first bytes
         if conn.decided:
             self._adopt(conn)
-        if not tls and seg.payload[:2] == b"\x16\x03":
-            conn.tls = True
         self._live[key] = conn
         self._recently_closed.pop(key, None)
         self._ignored.pop(key, None)
@@ -589,7 +613,7 @@ class Reassembler:
     def _decide(self, conn: Connection, payload: bytes) -> None:
         """First bytes of a connection on an unknown port: memcached binary, TLS, or not ours."""
         if self.detect and _plausible_start(payload):
-            conn.tls = payload[:2] == b"\x16\x03"
+            conn.tls = _tls_record(payload)
             self._adopt(conn)
         else:
             conn.decided = True
@@ -710,3 +734,8 @@ def _plausible_start(payload: bytes) -> bool:
     if len(payload) < 24:
         return False
     return _implausible_mcbp(HEADER.unpack_from(payload, 0), DEFAULT_MAX_BODY, True) is None
+
+
+def _tls_record(payload: bytes) -> bool:
+    """Whether bytes start a TLS handshake record (content type 22, version 3.x); no memcached magic starts so."""
+    return len(payload) >= 3 and payload[0] == 0x16 and payload[1] == 3 and payload[2] <= 4

@@ -8,6 +8,13 @@ per-connection context as a capture file.  The same segments can be written
 as a pcap (``PcapWriter``), so reading that file back gives the same frames
 with the same packet numbers, and tshark reads it too.
 
+A connection that is plainly not memcached binary is not decoded past a
+bound: TLS (its first bytes are a TLS handshake record) is not decoded at
+all, other bytes only until :data:`JUNK_LIMIT` bytes came with no frame.
+:attr:`LiveConnection.undecoded` says why, once (``on_notice``); its bytes
+still go to the pcap, exactly.  A closed connection leaves nothing behind
+in the capture but its counters.
+
 Nothing here touches a socket: callers hand in bytes as they forward them.
 """
 
@@ -18,16 +25,52 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .decoder import Frame, FrameDecoder
+from . import spec
+from .decoder import DEFAULT_MAX_BODY, Frame, FrameDecoder, _implausible_mcbp
 from .dissect import dissect
-from .flows import ACK, FIN, RST, SYN, Segment
+from .flows import ACK, FIN, RST, SYN, Reassembler, Segment
 from .pcapwrite import PSH, PcapWriter
 from .records import CaptureStats, Record, Recorder
 
-__all__ = ["LiveCapture", "LiveConnection"]
+__all__ = ["JUNK_LIMIT", "KEEP_CLOSED", "LiveCapture", "LiveConnection", "SecretMasker", "StatePruner"]
 
 #: payload bytes per synthesised segment (IPv4 total length is 16 bits)
 SEGMENT = 65_000
+#: bytes of one direction that decode to no frame before the connection is no longer decoded
+JUNK_LIMIT = 64 * 1024
+#: ``stats.states`` entries of closed connections tolerated before they are pruned (amortised)
+STATE_SLACK = 256
+#: closed connections a live source keeps in ``stats.connections`` (older ones are only counted)
+KEEP_CLOSED = 1024
+
+
+class StatePruner:
+    """Forgets the per-connection session state (``stats.states``) of connections that ended.
+
+    A closed connection emits no more records, so its :class:`~dcpinspect.records.ConnState`
+    is never needed again.  Amortised: :meth:`__call__` sweeps only when
+    ``stats.states`` grew by ``slack`` entries (or doubled) since the last sweep.
+    """
+
+    def __init__(self, stats: CaptureStats, reassembler: Reassembler, *, slack: int = STATE_SLACK) -> None:
+        self.stats = stats
+        self.reassembler = reassembler
+        self.slack = slack
+        self._next = slack
+        self.pruned = 0
+
+    def __call__(self) -> int:
+        """Sweep when due; returns how many states were forgotten."""
+        states = self.stats.states
+        if len(states) < self._next:
+            return 0
+        open_ids = {c.id for c in self.reassembler.connections if not c.closed}
+        gone = [cid for cid in states if cid not in open_ids]
+        for cid in gone:
+            del states[cid]
+        self.pruned += len(gone)
+        self._next = len(states) + max(self.slack, len(states))
+        return len(gone)
 
 
 class LiveCapture:
@@ -38,12 +81,15 @@ class LiveCapture:
         on_record: called with every record as soon as it is complete.
         label: the ``file`` column of the records (default: the pcap path, or ``live``).
         reveal_secrets: passed to the records' contexts (what displays show).
-        keep_secrets: write SASL passwords and SCRAM proofs into the pcap as
-            they were; by default their bytes are overwritten with ``*`` in the
-            file (same length, so everything else stays byte-exact).  The
-            records always hold the bytes that were forwarded.
+        keep_secrets: write SASL payloads into the pcap as they were; by
+            default the secret bytes of every SASL request, in either
+            direction, are overwritten with ``*`` in the file (same length, so
+            everything else stays byte-exact).  The records always hold the
+            bytes that were forwarded.
         server_ports: as for :func:`~dcpinspect.records.read_records`; the
             server side of a live connection is known anyway.
+        on_notice: called once per connection that is no longer decoded, with
+            the connection and why (``"TLS"``, ``"not memcached binary"``).
     """
 
     def __init__(
@@ -56,25 +102,44 @@ class LiveCapture:
         keep_secrets: bool = False,
         server_ports: Iterable[int] = (),
         clock: Callable[[], int] = time.time_ns,
+        on_notice: Callable[[LiveConnection, str], None] | None = None,
     ) -> None:
         self.keep_secrets = keep_secrets
         self.stats = CaptureStats()
-        self.recorder = Recorder(server_ports=server_ports, detect=True, stats=self.stats, reveal_secrets=reveal_secrets)
+        # no TLS ports: a live connection's TLS is recognised by its first bytes, whatever its ports (a client may get 11207)
+        self.recorder = Recorder(server_ports=server_ports, detect=True, tls_ports=(), stats=self.stats, reveal_secrets=reveal_secrets)
         self.writer = PcapWriter(pcap) if pcap is not None else None
         self.file = label if label is not None else (str(pcap) if pcap is not None else "live")
         self.on_record = on_record
+        self.on_notice = on_notice
         self.clock = clock
         self.packets = 0
         self.records: list[Record] = []  # kept only when no on_record callback is given
+        #: connections opened, open now, and not decoded (TLS, not memcached binary)
+        self.opened = 0
+        self.open = 0
+        self.undecoded = 0
+        self.recorder.reassembler.keep_closed = KEEP_CLOSED  # a long-running source: closed connections are summarised
+        self.recorder.reassembler.compare_window = 0  # bytes a proxy or client saw once: nothing is ever retransmitted
+        self.prune = StatePruner(self.stats, self.recorder.reassembler)
         self._closed = False
 
     def connection(self, client: tuple[str, int], server: tuple[str, int], ts: int | None = None) -> LiveConnection:
         """A new connection from ``client`` to ``server`` (its handshake is synthesised now)."""
         r = self.recorder.reassembler
-        r.server_ports = r.server_ports | {server[1]}  # known to be memcached binary: no guessing
+        if server[1] not in r.server_ports:
+            r.server_ports = r.server_ports | {server[1]}  # known to be memcached binary: no guessing
         conn = LiveConnection(self, client, server)
+        self.opened += 1
+        self.open += 1
         conn._open(self.clock() if ts is None else ts)
         return conn
+
+    def _write(
+        self, ts: int, src: tuple[str, int], dst: tuple[str, int], seq: int, ack: int, flags: int, payload: bytes, client: bool
+    ) -> None:
+        if self.writer is not None and not self._closed:
+            self.writer.tcp(ts, src, dst, seq, ack, flags, payload, client=client)
 
     def _segment(
         self,
@@ -87,16 +152,25 @@ class LiveCapture:
         payload: bytes,
         client: bool,
         masker: SecretMasker[tuple[Any, ...]] | None = None,
-    ) -> None:
+        *,
+        decode: bool = True,
+        rseq: int | None = None,
+    ) -> list[Record]:
+        """Write one segment to the pcap (through ``masker``) and, with ``decode``, feed it (at ``rseq``) to the recorder."""
         if self._closed:
-            return
+            return []
         self.packets += 1
         if self.writer is not None:
             packet = (ts, src, dst, seq, ack, flags, payload, client)
             for p, data in masker.add(packet, payload) if masker is not None else ((packet, payload),):
                 self.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], data, client=p[7])
-        seg = Segment(ts, src[0], src[1], dst[0], dst[1], seq & 0xFFFFFFFF, flags, payload, 0, self.packets, self.file)
-        self._emit(self.recorder.feed(seg))
+        if not decode:
+            return []
+        s = seq if rseq is None else rseq
+        seg = Segment(ts, src[0], src[1], dst[0], dst[1], s & 0xFFFFFFFF, flags, payload, 0, self.packets, self.file)
+        records = self.recorder.feed(seg)
+        self._emit(records)
+        return records
 
     def _emit(self, records: list[Record]) -> None:
         for r in records:
@@ -104,6 +178,10 @@ class LiveCapture:
                 self.on_record(r)
             else:
                 self.records.append(r)
+
+    def _ended(self, conn: LiveConnection) -> None:
+        self.open -= 1
+        self.prune()
 
     def flush(self) -> None:
         """Flush the pcap file (it stays open)."""
@@ -126,18 +204,35 @@ class LiveCapture:
         self.close()
 
 
+_TLS_HANDSHAKE = b"\x16"  # a TLS record of type handshake (then version 0x03 0xNN)
+_ISN = {"c2s": 1_000, "s2c": 5_000}  # the synthesised initial sequence numbers
+
+
 class LiveConnection:
-    """One live TCP connection of a :class:`LiveCapture`: hand it the bytes of each direction."""
+    """One live TCP connection of a :class:`LiveCapture`: hand it the bytes of each direction.
+
+    Decoding stops (the pcap still gets every byte) when the connection is
+    plainly not memcached binary: its first bytes are a TLS handshake record,
+    or one direction gave :data:`JUNK_LIMIT` bytes of garbage with no frame.
+    :attr:`undecoded` then says why.
+    """
 
     def __init__(self, capture: LiveCapture, client: tuple[str, int], server: tuple[str, int]) -> None:
         self.capture = capture
         self.client = client
         self.server = server
-        self.seq = {"c2s": 1_000, "s2c": 5_000}
+        self.seq = dict(_ISN)
         self.closed = False
-        self._masker: SecretMasker[tuple[Any, ...]] | None = None
+        #: why this connection is no longer decoded (``None``: it is)
+        self.undecoded: str | None = None
+        self._rseq: dict[str, int] | None = None  # the recorder's sequence numbers once decoding stopped
+        self._junk = {"c2s": 0, "s2c": 0}  # garbage bytes since the last frame
+        self._fed = {"c2s": 0, "s2c": 0}  # bytes decoded
+        self._framed = {"c2s": False, "s2c": False}  # a frame was seen
+        self._suspect = {"c2s": False, "s2c": False}  # the first bytes are no memcached-binary header
+        self._maskers: dict[str, SecretMasker[tuple[Any, ...]]] | None = None
         if not capture.keep_secrets and capture.writer is not None:
-            self._masker = SecretMasker()
+            self._maskers = {"c2s": SecretMasker(), "s2c": SecretMasker()}
 
     def _ends(self, direction: str) -> tuple[tuple[str, int], tuple[str, int], str]:
         return (self.client, self.server, "s2c") if direction == "c2s" else (self.server, self.client, "c2s")
@@ -156,35 +251,103 @@ class LiveConnection:
             return
         ts = self.capture.clock() if ts is None else ts
         src, dst, other = self._ends(direction)
+        if self._rseq is None and not self._fed[direction]:
+            self._first(direction, data)
+        masker = self._maskers[direction] if self._maskers is not None else None
         view = memoryview(data)
         for off in range(0, len(data), SEGMENT):
             chunk = bytes(view[off : off + SEGMENT])
-            masker = self._masker if direction == "c2s" else None
-            self.capture._segment(ts, src, dst, self.seq[direction], self.seq[other], PSH | ACK, chunk, direction == "c2s", masker)
+            decode = self._rseq is None
+            records = self.capture._segment(
+                ts,
+                src,
+                dst,
+                self.seq[direction],
+                self.seq[other],
+                PSH | ACK,
+                chunk,
+                direction == "c2s",
+                masker,
+                decode=decode,
+            )
             self.seq[direction] += len(chunk)
+            if decode:
+                self._fed[direction] += len(chunk)
+                self._watch(direction, records)
+
+    def skip(self, direction: str, n: int) -> None:
+        """``n`` bytes went by in ``direction`` that the capture does not get: a hole in the pcap, a gap in the records."""
+        if self.closed or n <= 0:
+            return
+        self.seq[direction] += n
+        if self._rseq is None:
+            self._fed[direction] += n  # the recorder's stream has the hole too
+        if self._maskers is not None:  # what the masker held is released masked; it is blind until a frame boundary
+            for p, payload in self._maskers[direction].gap(n):
+                self.capture._write(p[0], p[1], p[2], p[3], p[4], p[5], payload, p[7])
+
+    def _first(self, direction: str, data: bytes) -> None:
+        """The first bytes of a direction: TLS is not decoded; no plausible header makes the direction suspect."""
+        if data[:1] == _TLS_HANDSHAKE and data[1:2] in (b"\x03", b""):
+            self._stop("TLS")
+        elif len(data) >= spec.HEADER_SIZE and _implausible_mcbp(spec.HEADER.unpack_from(data, 0), DEFAULT_MAX_BODY, True) is not None:
+            self._suspect[direction] = True
+
+    def _watch(self, direction: str, records: list[Record]) -> None:
+        """Stop decoding after :data:`JUNK_LIMIT` bytes of garbage with no frame (or a suspect start with no frame)."""
+        for r in records:
+            if r.direction != direction:
+                continue
+            ev = r.event
+            if ev.__class__ is Frame:
+                self._framed[direction] = True
+                self._junk[direction] = 0
+            elif ev.type == "garbage":
+                self._junk[direction] += ev.length
+        if self._junk[direction] >= JUNK_LIMIT or (
+            self._suspect[direction] and not self._framed[direction] and self._fed[direction] >= JUNK_LIMIT
+        ):
+            self._stop("not memcached binary")
+
+    def _stop(self, why: str) -> None:
+        """No more decoding on this connection: the recorder's sequence numbers stay where its bytes ended."""
+        self.undecoded = why
+        self._rseq = {"c2s": _ISN["c2s"] + 1 + self._fed["c2s"], "s2c": _ISN["s2c"] + 1 + self._fed["s2c"]}
+        self.capture.undecoded += 1
+        if self.capture.on_notice is not None:
+            self.capture.on_notice(self, why)
 
     def close(self, ts: int | None = None, *, reset: bool = False, by: str = "c2s") -> None:
         """The connection ended: FIN both ways (or an RST from the ``by`` side)."""
         if self.closed:
             return
         self.closed = True
-        ts = self.capture.clock() if ts is None else ts
-        if self._masker is not None and self.capture.writer is not None:  # an unfinished SASL frame: written masked
-            for p, payload in self._masker.flush():
-                self.capture.writer.tcp(p[0], p[1], p[2], p[3], p[4], p[5], payload, client=p[7])
+        cap = self.capture
+        ts = cap.clock() if ts is None else ts
+        if self._maskers is not None:  # an unfinished SASL frame: written masked
+            for m in self._maskers.values():
+                for p, payload in m.flush():
+                    cap._write(p[0], p[1], p[2], p[3], p[4], p[5], payload, p[7])
+            self._maskers = None
         src, dst, other = self._ends(by)
-        if reset:
-            self.capture._segment(ts, src, dst, self.seq[by], self.seq[other], RST | ACK, b"", by == "c2s")
-            return
-        self.capture._segment(ts, src, dst, self.seq[by], self.seq[other], FIN | ACK, b"", by == "c2s")
-        self.seq[by] += 1
-        self.capture._segment(ts, dst, src, self.seq[other], self.seq[by], FIN | ACK, b"", by != "c2s")
-        self.seq[other] += 1
-        self.capture._segment(ts, src, dst, self.seq[by], self.seq[other], ACK, b"", by == "c2s")
+        seq = self.seq
+        r = self._rseq if self._rseq is not None else seq
+        c = by == "c2s"
+        try:
+            if reset:
+                cap._segment(ts, src, dst, seq[by], seq[other], RST | ACK, b"", c, rseq=r[by])
+                return
+            cap._segment(ts, src, dst, seq[by], seq[other], FIN | ACK, b"", c, rseq=r[by])
+            cap._segment(ts, dst, src, seq[other], seq[by] + 1, FIN | ACK, b"", not c, rseq=r[other])
+            cap._segment(ts, src, dst, seq[by] + 1, seq[other] + 1, ACK, b"", c, rseq=r[by] + 1)
+            seq[by] += 1
+            seq[other] += 1
+        finally:
+            cap._ended(self)
 
 
-_SASL_REQUESTS = frozenset((0x21, 0x22))  # SASL_AUTH, SASL_STEP
-_REQUEST_MAGICS = frozenset((0x80, 0x08))  # classic and alt requests
+_SASL_REQUESTS = frozenset((spec.OPCODES["SASL_AUTH"], spec.OPCODES["SASL_STEP"]))
+_REQUEST_MAGICS = frozenset(m for m, name in spec.MAGICS.items() if name in ("ClientRequest", "AltClientRequest"))
 #: a SASL request with a larger body is not held back: its whole body is masked as it passes
 HOLD_LIMIT = 1 << 20
 #: secret spans remembered per stream (for retransmitted bytes); bytes before a forgotten one are masked wholesale
@@ -194,7 +357,11 @@ T = TypeVar("T")
 
 
 class SecretMasker(Generic[T]):
-    """Overwrites SASL secrets in the packets of one client->server byte stream before they are written to a pcap.
+    """Overwrites SASL secrets in the packets of one byte stream before they are written to a pcap.
+
+    Every SASL request (SASL_AUTH, SASL_STEP) is masked, in either direction
+    (a server-to-client stream may carry one reflected by an upstream): what
+    :func:`dissect` does not positively know to be safe is a secret.
 
     Shared by :class:`LiveCapture` (proxy, client) and the sniffer.  Each packet
     is an opaque ``item`` with its TCP ``payload`` at stream offset ``at``;

@@ -2,13 +2,22 @@
 
 :class:`TapProxy` listens (127.0.0.1 by default), opens one upstream
 connection per accepted client and pumps bytes both ways with asyncio streams.
-**Forward first, decode after**: each chunk read from one side is written to
-the other side *before* it is handed to the shared
-:class:`~dcpinspect.live.LiveCapture` (records and, optionally, a pcap), and a
-failure of the tap is caught, logged once and switches the tap of that
-connection off - forwarding goes on.  Backpressure is respected (every write
-awaits ``drain``), so memory per connection is bounded by the read size and
-the transports' write buffers.
+**Forwarding never waits on the tap**: each chunk read from one side is
+written to the other side and handed, with its timestamp, to a bounded queue;
+one decoding thread takes it from there into the shared
+:class:`~dcpinspect.live.LiveCapture` (records and, optionally, a pcap).
+When the decoder falls more than ``tap_limit`` bytes behind, the chunks it
+cannot take are not decoded (the capture shows a gap, counted in
+:attr:`TapProxy.tap_skipped`) - forwarding goes on at full speed.  A failure of
+the tap is caught, logged once and switches the tap of that connection off.
+Backpressure between the two sockets is respected (every write awaits
+``drain``), so the memory of a connection is bounded by the read size, the
+stream limit and the transports' write buffers; :func:`release_memory` hands
+freed heap back to the system when connections end.
+
+A connection that is plainly not memcached binary (TLS, or
+:data:`~dcpinspect.live.JUNK_LIMIT` bytes without a frame) is still forwarded
+byte for byte, but no longer decoded: one log line says so.
 
 Half-close is propagated (EOF one way: ``write_eof`` on the other side, the
 other direction keeps running), a reset is passed on as a reset, an upstream
@@ -33,13 +42,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
+import os
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,12 +60,49 @@ from typing import Any, TextIO
 from .live import LiveCapture, LiveConnection
 from .records import Record
 
-__all__ = ["TapProxy", "command", "parse_endpoint"]
+__all__ = ["TapProxy", "command", "parse_endpoint", "release_memory"]
 
 log = logging.getLogger("dcpinspect.proxy")
 
-#: bytes read from a socket at a time (and so at most buffered per direction, with the write buffer)
-READ_SIZE = 256 * 1024
+#: bytes read from a socket at a time (and the stream reader's limit: it buffers at most twice this)
+READ_SIZE = 64 * 1024
+#: a transport's write buffer above which ``drain`` waits
+WRITE_HIGH = 64 * 1024
+#: bytes forwarded but not yet decoded, over all connections, beyond which chunks are not decoded (a gap)
+TAP_LIMIT = 32 * 1024 * 1024
+#: give freed heap back to the system after this many connections ended (and whenever none is open)
+RELEASE_EVERY = 256
+
+
+def release_memory() -> bool:
+    """Return freed heap to the system (glibc's ``malloc_trim``); ``False`` where there is none.
+
+    CPython frees the buffers of a closed connection, but glibc keeps the
+    pages in its arenas: without this a proxy's RSS stays at its peak after
+    its connections end.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+_TRIM: list[Any] = []
+
+
+def _malloc_trim() -> Any:
+    if not _TRIM:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None).malloc_trim
+                fn.argtypes = [ctypes.c_size_t]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _TRIM.append(fn)
+    return _TRIM[0]
 
 
 def _ep(ep: tuple[Any, ...]) -> str:
@@ -84,13 +133,36 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 class _Tap:
-    """The decoding side of one proxied connection: never raises into forwarding."""
+    """The decoding side of one proxied connection: the forwarding side only queues, the decoding thread runs it.
+
+    Never raises into forwarding; a failure switches the tap of this connection off (logged once).
+    """
+
+    __slots__ = ("conn", "proxy", "where")
 
     def __init__(self, proxy: TapProxy, client: tuple[str, int], server: tuple[str, int]) -> None:
         self.proxy = proxy
         self.conn: LiveConnection | None = None
         self.where = f"{_ep(client)} -> {_ep(server)}"
-        self._guard(lambda: setattr(self, "conn", proxy.capture.connection(client, server)))
+        proxy._put((self._open, client, server, time.time_ns()), 0)
+
+    # -- the forwarding side (event loop) --------------------------------------
+
+    def data(self, direction: str, data: bytes) -> None:
+        """Queue ``data`` for decoding; beyond the proxy's ``tap_limit`` it is skipped (a gap), never waited for."""
+        proxy = self.proxy
+        n = len(data)
+        if proxy._queued + n > proxy.tap_limit:
+            proxy.tap_skipped += n
+            proxy._put((self._skip, direction, n), 0)
+        else:
+            proxy._put((self._data, direction, data, time.time_ns()), n)
+
+    def close(self, *, reset: bool, by: str) -> None:
+        """Queue the end of the connection."""
+        self.proxy._put((self._close, reset, by, time.time_ns()), 0)
+
+    # -- the decoding side (thread) --------------------------------------------
 
     def _guard(self, fn: Callable[[], object]) -> None:
         try:
@@ -100,16 +172,30 @@ class _Tap:
             log.error("decode error on %s (tap of this connection off, forwarding goes on): %r", self.where, exc)
             self.conn = None
 
-    def data(self, direction: str, data: bytes) -> None:
-        conn = self.conn
-        if conn is not None:
-            self._guard(lambda: conn.data(direction, data))
+    def _open(self, client: tuple[str, int], server: tuple[str, int], ts: int) -> None:
+        cap = self.proxy.capture
 
-    def close(self, *, reset: bool, by: str) -> None:
+        def go() -> None:
+            self.conn = cap.connection(client, server, ts)
+
+        self._guard(go)
+
+    def _data(self, direction: str, data: bytes, ts: int) -> None:
         conn = self.conn
         if conn is not None:
-            self._guard(lambda: conn.close(reset=reset, by=by))
+            self._guard(lambda: conn.data(direction, data, ts))
+
+    def _skip(self, direction: str, n: int) -> None:
+        conn = self.conn
+        if conn is not None:
+            self._guard(lambda: conn.skip(direction, n))
+
+    def _close(self, reset: bool, by: str, ts: int) -> None:
+        conn = self.conn
+        if conn is not None:
+            self._guard(lambda: conn.close(ts, reset=reset, by=by))
             self.conn = None
+        self.proxy._ended()
 
 
 class TapProxy:
@@ -119,13 +205,16 @@ class TapProxy:
         listen: address to listen on (port 0: a free port, see :attr:`port`).
         upstream: the server every accepted connection is forwarded to.
         pcap: write the capture of every proxied connection to this pcap file.
-        on_record: called (on the proxy's event loop) with every decoded record.
-            Without it the records are counted, not kept (memory stays bounded).
+        on_record: called with every decoded record, on the proxy's decoding
+            thread (never on the forwarding path).  Without it the records are
+            counted, not kept (memory stays bounded).
         reveal_secrets: the records' contexts show SASL secrets instead of masking them.
         keep_secrets: write SASL secrets into the pcap as they were (by default
             their bytes are overwritten with ``*`` in the file; forwarding is never touched).
         label: the ``file`` column of the records (default: the pcap path, or ``live``).
-        read_size: bytes read from a socket at a time.
+        read_size: bytes read from a socket at a time (the stream reader buffers at most twice this).
+        tap_limit: bytes forwarded but not yet decoded beyond which chunks are
+            not decoded (counted in :attr:`tap_skipped`).
     """
 
     def __init__(
@@ -139,27 +228,47 @@ class TapProxy:
         keep_secrets: bool = False,
         label: str | None = None,
         read_size: int = READ_SIZE,
+        tap_limit: int = TAP_LIMIT,
     ) -> None:
         self.listen = listen
         self.upstream = upstream
         self.pcap = pcap
         self.read_size = read_size
+        self.tap_limit = tap_limit
         self.reveal_secrets = reveal_secrets
         self._user_on_record = on_record
         self.capture = LiveCapture(
-            pcap=pcap, on_record=self._on_record, label=label, reveal_secrets=reveal_secrets, keep_secrets=keep_secrets
+            pcap=pcap,
+            on_record=self._on_record,
+            label=label,
+            reveal_secrets=reveal_secrets,
+            keep_secrets=keep_secrets,
+            on_notice=self._on_notice,
         )
-        #: counters: connections accepted, upstream failures, bytes forwarded per direction, records, tap errors
+        #: counters: connections accepted, upstream failures, bytes forwarded per direction, records, tap errors,
+        #: bytes forwarded but not decoded (the decoder was more than ``tap_limit`` behind)
         self.connections = 0
         self.refused = 0
         self.bytes = {"c2s": 0, "s2c": 0}
         self.records = 0
         self.decode_errors = 0
+        self.tap_skipped = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
+        # the decoding thread's queue: (function, *args) items, and the bytes they hold
+        self._queue: deque[tuple[int, tuple[Any, ...] | None]] = deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._decoder: threading.Thread | None = None
+        self._ended_count = 0
+
+    @property
+    def undecoded(self) -> int:
+        """Connections forwarded but no longer decoded (TLS, not memcached binary)."""
+        return self.capture.undecoded
 
     def _on_record(self, rec: Record) -> None:
         self.records += 1
@@ -169,6 +278,42 @@ class TapProxy:
             except Exception as exc:  # a consumer's bug must not stop the proxy
                 self.decode_errors += 1
                 log.error("on_record callback failed on record %d: %r", rec.number, exc)
+
+    def _on_notice(self, conn: LiveConnection, why: str) -> None:
+        log.warning("%s -> %s: %s, not decoded (its bytes are forwarded as they are)", _ep(conn.client), _ep(conn.server), why)
+
+    # -- the decoding thread ------------------------------------------------
+
+    def _put(self, item: tuple[Any, ...] | None, size: int) -> None:
+        """Queue ``(function, *args)`` for the decoding thread (``None``: the end); ``size`` bytes it holds."""
+        with self._cond:
+            self._queue.append((size, item))
+            self._queued += size
+            self._cond.notify()
+
+    def _decode_loop(self) -> None:
+        """Run the queued tap work in order until ``None`` is queued; then close the capture."""
+        q, cond = self._queue, self._cond
+        while True:
+            with cond:
+                while not q:
+                    cond.wait()
+                size, item = q.popleft()
+                self._queued -= size
+            if item is None:
+                break
+            item[0](*item[1:])
+        try:
+            self.capture.close()
+        except Exception as exc:
+            log.error("closing the capture failed: %r", exc)
+
+    def _ended(self) -> None:
+        """A connection's tap closed (decoding thread): hand freed memory back when many ended, or all."""
+        self._ended_count += 1
+        if self._ended_count >= RELEASE_EVERY or (self.capture.open == 0 and self._ended_count >= 16):
+            self._ended_count = 0
+            release_memory()
 
     @property
     def port(self) -> int:
@@ -183,14 +328,16 @@ class TapProxy:
         return self.listen[0], self.port
 
     async def start(self) -> TapProxy:
-        """Start listening (on the running event loop)."""
+        """Start listening (on the running event loop) and the decoding thread."""
         self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1], limit=self.read_size)
+        self._decoder = threading.Thread(target=self._decode_loop, name="dcpinspect-proxy-tap", daemon=True)
+        self._decoder.start()
         log.info("listening on %s, forwarding to %s", _ep(self.address), _ep(self.upstream))
         return self
 
     async def stop(self) -> None:
-        """Stop listening, end every connection (their tasks are awaited) and flush the capture."""
+        """Stop listening, end every connection (their tasks are awaited), decode what is queued and flush the capture."""
         if self._stopped:
             return
         self._stopped = True
@@ -202,10 +349,25 @@ class TapProxy:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            self.capture.close()
-        except Exception as exc:
-            log.error("closing the capture failed: %r", exc)
+        await self.wait_decoded()
+        decoder = self._decoder
+        if decoder is not None:
+            self._put(None, 0)
+            await asyncio.to_thread(decoder.join)
+            self._decoder = None
+        else:
+            try:
+                self.capture.close()
+            except Exception as exc:
+                log.error("closing the capture failed: %r", exc)
+
+    async def wait_decoded(self) -> None:
+        """Wait until everything forwarded so far went through the decoder (its records emitted)."""
+        if self._decoder is None:
+            return
+        done = threading.Event()
+        self._put((done.set,), 0)
+        await asyncio.to_thread(done.wait)
 
     # -- sync use -----------------------------------------------------------
 
@@ -285,6 +447,8 @@ class TapProxy:
         except asyncio.CancelledError:
             c_writer.close()
             raise
+        for w in (c_writer, u_writer):
+            w.transport.set_write_buffer_limits(high=WRITE_HIGH)
         upeer = u_writer.get_extra_info("peername")
         server = (str(upeer[0]), int(upeer[1]))
         tap = _Tap(self, client, server)
@@ -392,42 +556,96 @@ def record_lines(records: list[Record], *, as_json: bool) -> list[str]:
 
 
 class _Printer:
-    """Prints records off the forwarding path: a bounded queue drained by a task."""
+    """Prints records off the forwarding path: a bounded queue drained by a thread of its own.
 
-    def __init__(self, out: TextIO, *, as_json: bool, limit: int = 100_000) -> None:
+    :meth:`add` never blocks: beyond ``limit`` records (or ``limit_bytes`` of
+    frame bytes) queued, a record is dropped and counted in :attr:`dropped`.
+    The thread formats and writes; when ``out`` is a file with a descriptor
+    (stdout), it writes to the descriptor directly, so an output that blocks
+    (a paused pager) blocks that thread only and never holds a lock the rest
+    of the process needs.
+    """
+
+    def __init__(self, out: TextIO, *, as_json: bool, limit: int = 10_000, limit_bytes: int = 8 * 1024 * 1024) -> None:
         self.out = out
         self.as_json = as_json
-        self.queue: deque[Record] = deque()
         self.limit = limit
+        self.limit_bytes = limit_bytes
+        self.queue: deque[Record] = deque()
+        self.queued_bytes = 0
+        #: records not printed because the output could not keep up (all time), and not yet announced
         self.dropped = 0
-        self.wake = asyncio.Event()
+        self._unannounced = 0
+        self.printed = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._fd: int | None = None
+        try:
+            fd = out.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        if fd is not None:
+            out.flush()
+            self._fd = os.dup(fd)
+        self._thread = threading.Thread(target=self._run, name="dcpinspect-proxy-printer", daemon=True)
+        self._thread.start()
 
     def add(self, rec: Record) -> None:
-        if len(self.queue) >= self.limit:
-            self.dropped += 1
-            return
-        self.queue.append(rec)
-        self.wake.set()
-
-    def drain(self) -> None:
-        while self.queue:
-            batch = [self.queue.popleft() for _ in range(min(len(self.queue), 4096))]
-            for line in record_lines(batch, as_json=self.as_json):
-                self.out.write(line + "\n")
-        if self.dropped:
-            self.out.write(f"# {self.dropped} records not shown (the output could not keep up)\n")
-            self.dropped = 0
-        self.out.flush()
-
-    async def run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            await asyncio.sleep(0.05)  # batch what arrives meanwhile
-            try:
-                self.drain()
-            except BrokenPipeError:
+        """Queue ``rec`` for printing (from any thread); dropped and counted when the queue is full."""
+        n = rec.event.length
+        with self._cond:
+            if len(self.queue) >= self.limit or self.queued_bytes + n > self.limit_bytes:
+                self.dropped += 1
+                self._unannounced += 1
                 return
+            self.queue.append(rec)
+            self.queued_bytes += n
+            self._cond.notify()
+
+    def _write(self, text: str) -> None:
+        if self._fd is None:
+            self.out.write(text)
+            self.out.flush()
+            return
+        data = text.encode("utf-8", "backslashreplace")
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self.queue and not self._unannounced and not self._closing:
+                        self._cond.wait()
+                    if not self.queue and not self._unannounced:
+                        return
+                    batch = [self.queue.popleft() for _ in range(min(len(self.queue), 4096))]
+                    self.queued_bytes -= sum(r.event.length for r in batch)
+                    dropped, self._unannounced = self._unannounced, 0
+                lines = record_lines(batch, as_json=self.as_json) if batch else []
+                if dropped:
+                    lines.append(f"# {dropped} records not shown (the output could not keep up)")
+                self._write("".join(line + "\n" for line in lines))
+                self.printed += len(batch)
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the reader is gone: the proxy goes on, printing nothing
+
+    def close(self, timeout: float | None = 5.0) -> bool:
+        """Print what is queued (waiting at most ``timeout`` s for the output); ``False`` if the output is still blocked."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        done = not self._thread.is_alive()
+        if done and self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return done
+
+    def summary(self) -> str:
+        """``", N records not shown (the output could not keep up)"`` when records were dropped, else ``""``."""
+        return f", {self.dropped} records not shown (the output could not keep up)" if self.dropped else ""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -466,12 +684,12 @@ def command(argv: list[str], *, out: TextIO) -> int:
 
 
 async def _run(args: argparse.Namespace, listen: tuple[str, int], upstream: tuple[str, int], out: TextIO) -> int:
-    printer = _Printer(out, as_json=args.json)
+    printer = None if args.quiet else _Printer(out, as_json=args.json)
     proxy = TapProxy(
         listen,
         upstream,
         pcap=args.pcap,
-        on_record=None if args.quiet else printer.add,
+        on_record=None if printer is None else printer.add,
         reveal_secrets=args.reveal_secrets,
         keep_secrets=args.keep_secrets,
     )
@@ -480,6 +698,8 @@ async def _run(args: argparse.Namespace, listen: tuple[str, int], upstream: tupl
     except OSError as exc:
         sys.stderr.write(f"dcpinspect proxy: error: cannot listen on {_ep(listen)}: {exc}\n")
         proxy.capture.close()
+        if printer is not None:
+            printer.close()
         return 2
     out.write(f"listening on {_ep(proxy.address)}\n")
     out.flush()
@@ -487,24 +707,30 @@ async def _run(args: argparse.Namespace, listen: tuple[str, int], upstream: tupl
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    printing = asyncio.create_task(printer.run())
     try:
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await proxy.stop()
-        printing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await printing
-        with contextlib.suppress(BrokenPipeError):
-            printer.drain()
-    log.info(
-        "stopped: %d connections, %d bytes c2s, %d bytes s2c, %d records%s",
-        proxy.connections,
-        proxy.bytes["c2s"],
-        proxy.bytes["s2c"],
-        proxy.records,
-        f", capture in {args.pcap}" if args.pcap else "",
-    )
+    flushed = True if printer is None else await asyncio.to_thread(printer.close, 5.0)
+    log.info("%s", stopped_line(proxy, printer, flushed))
     return 0
+
+
+def stopped_line(proxy: TapProxy, printer: _Printer | None = None, flushed: bool = True) -> str:
+    """The summary the command logs when it stops (connections, bytes, records, what was not shown or decoded)."""
+    parts = [
+        f"stopped: {proxy.connections} connections, {proxy.bytes['c2s']} bytes c2s, {proxy.bytes['s2c']} bytes s2c, {proxy.records} records"
+    ]
+    if printer is not None and printer.dropped:
+        parts.append(f"{printer.dropped} records not shown (the output could not keep up)")
+    if not flushed:
+        parts.append("the output was still blocked at exit")
+    if proxy.undecoded:
+        parts.append(f"{proxy.undecoded} connections not decoded (TLS or not memcached binary)")
+    if proxy.tap_skipped:
+        parts.append(f"{proxy.tap_skipped} bytes forwarded but not decoded (the decoder fell behind)")
+    if proxy.pcap:
+        parts.append(f"capture in {proxy.pcap}")
+    return ", ".join(parts)

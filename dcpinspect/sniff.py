@@ -7,9 +7,12 @@ per-packet dissection with scapy layers), filtered in the kernel by a BPF
 :func:`~dcpinspect.packets.parse_packet` into one
 :class:`~dcpinspect.records.Recorder` - the same reassembly, decoding and
 per-connection context as a capture file - and, with ``pcap=``, is written
-as it was received, except that SASL secrets (PLAIN passwords, SCRAM proofs)
-in client->server payloads are overwritten with ``*`` unless
-``keep_secrets=True`` (see :class:`_PcapMasker`).
+as it was received, except that SASL secrets (PLAIN passwords, SCRAM proofs,
+every SASL payload not known to be safe) are overwritten with ``*`` in both
+directions unless ``keep_secrets=True`` (see :class:`_PcapMasker`).  A closed
+connection leaves only a bounded summary behind (the recorder keeps the last
+:data:`~dcpinspect.live.KEEP_CLOSED` closed connections; their session state
+is forgotten).
 
 On loopback the kernel hands a listen socket every packet twice (once going
 out, once coming in); like libpcap, the outgoing copy is dropped there.
@@ -35,7 +38,7 @@ from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
 from .flows import FIN, RST, SYN, Segment
-from .live import SecretMasker
+from .live import KEEP_CLOSED, SecretMasker, StatePruner
 from .packets import locate_segment
 from .records import CaptureStats, Record, Recorder
 
@@ -47,7 +50,7 @@ _SO_RCVBUFFORCE = 33
 RCVBUF = 64 * 1024 * 1024
 #: bytes read per packet: above loopback's 64 KiB GSO segments, so nothing is cut
 SNAPLEN = 262_144
-#: a client->server segment further than this from the next expected byte cannot be placed: masked whole
+#: a segment further than this from the next expected byte of its flow cannot be placed: masked whole
 PLACE_WINDOW = 64 * 1024 * 1024
 #: payload bytes of segments that arrived ahead of a hole, held per flow before the hole is declared lost
 AHEAD_LIMIT = 4 * 1024 * 1024
@@ -55,7 +58,7 @@ AHEAD_LIMIT = 4 * 1024 * 1024
 QUEUE_LIMIT = 16 * 1024 * 1024
 #: capture time a packet may be held for masking before its flow gives up
 HOLD_NS = 2_000_000_000
-#: client->server flows tracked for masking (the oldest gives up beyond)
+#: flows (one direction of a connection) tracked for masking (the oldest gives up beyond)
 MAX_FLOWS = 10_000
 
 
@@ -205,7 +208,7 @@ class _Out:
 
 
 class _Flow:
-    """One client->server direction: stream offset 0 is sequence number ``base``."""
+    """One direction of a connection: stream offset 0 is sequence number ``base``."""
 
     def __init__(self, base: int, *, aligned: bool) -> None:
         self.base = base & 0xFFFFFFFF
@@ -217,8 +220,8 @@ class _Flow:
 class _PcapMasker:
     """The sniffer's pcap writer with SASL secrets masked: packets are written in capture order.
 
-    Client->server payloads (destination port one of the server ports) go,
-    per flow, through the :class:`~dcpinspect.live.SecretMasker` the proxy
+    Payloads of both directions (a SASL request may come from the server
+    side too, reflected by a proxy or a broken peer) go, per flow, through the :class:`~dcpinspect.live.SecretMasker` the proxy
     and client captures use, placed by sequence number: stream offset 0 is
     the byte after the SYN (or, for a connection already open when the
     capture started, the first payload byte seen - the stream is then blind,
@@ -257,10 +260,10 @@ class _PcapMasker:
         out = _Out(ts, data, wirelen, tcp, start)
         self.queue.append(out)
         self.queued += len(data)
-        if seg.dport in self.ports:
-            self._client(seg, out)
+        if seg.dport in self.ports or seg.sport in self.ports:
+            self._flow(seg, out)
         else:
-            out.ready = True  # server->client: no secrets
+            out.ready = True  # not a flow of the server ports: not decoded, not masked
         self._drain(ts)
 
     def close(self) -> None:
@@ -269,7 +272,7 @@ class _PcapMasker:
         self._drain(None, force=True)
         self.writer.close()
 
-    def _client(self, seg: Segment, out: _Out) -> None:
+    def _flow(self, seg: Segment, out: _Out) -> None:
         key = (seg.src, seg.sport, seg.dst, seg.dport)
         flow = self.flows.get(key)
         syn = 1 if seg.flags & SYN else 0
@@ -285,6 +288,8 @@ class _PcapMasker:
             self._place(flow, out, seg.seq + syn, seg.payload, seg.missing)
         if flow is not None and seg.flags & (FIN | RST):
             self._finish(key)
+        if seg.flags & RST and (seg.dst, seg.dport, seg.src, seg.sport) in self.flows:  # a reset ends both directions
+            self._finish((seg.dst, seg.dport, seg.src, seg.sport))
         if len(self.flows) > MAX_FLOWS:
             self._finish(next(iter(self.flows)))
 
@@ -395,6 +400,8 @@ class Sniffer:
         self.file = label or (str(pcap) if pcap is not None else f"sniff:{iface}")
         self.stats = CaptureStats()
         self.recorder = Recorder(server_ports=self.ports, detect=False, stats=self.stats, reveal_secrets=reveal_secrets)
+        self.recorder.reassembler.keep_closed = KEEP_CLOSED  # a long-running source: closed connections are summarised
+        self._prune = StatePruner(self.stats, self.recorder.reassembler)
         self.records: list[Record] = []
         self.packets = 0  # packets read from the socket
         self.segments = 0  # TCP segments of ``ports`` decoded
@@ -444,6 +451,8 @@ class Sniffer:
                 self._writer.write(ts, data, wirelen)
             self.segments += 1
             self._emit(self.recorder.feed(seg._replace(packet=self.segments)))
+            if seg.flags & (FIN | RST):
+                self._prune()
             if self.count and self.segments >= self.count:
                 self.done.set()
 
@@ -501,31 +510,17 @@ def command(argv: list[str], *, out: TextIO) -> int:
     segments, ``--timeout`` seconds, SIGINT or SIGTERM.  Without root or
     CAP_NET_RAW: a one-line error, exit 2.
     """
-    from .proxy import record_lines
+    from .proxy import _Printer
 
     args = _parser().parse_args(argv)
     ports = tuple(args.port or (11210,))
-    pending: list[Record] = []
-    lock = threading.Lock()
-
-    def show() -> None:
-        with lock:
-            batch = pending[:]
-            pending.clear()
-        if batch:
-            for line in record_lines(batch, as_json=args.json):
-                out.write(line + "\n")
-            out.flush()
-
-    def add(rec: Record) -> None:
-        with lock:
-            pending.append(rec)
+    printer = _Printer(out, as_json=args.json)  # its own thread, a bounded queue: a blocked output drops records, never packets
 
     sniffer = Sniffer(
         args.iface,
         ports,
         pcap=args.pcap,
-        on_record=add,
+        on_record=printer.add,
         count=args.count,
         reveal_secrets=args.reveal_secrets,
         keep_secrets=args.keep_secrets,
@@ -534,9 +529,11 @@ def command(argv: list[str], *, out: TextIO) -> int:
         sniffer.start()
     except SniffPermissionError as exc:
         sys.stderr.write(f"dcpinspect sniff: error: {exc}\n")
+        printer.close()
         return 2
     except OSError as exc:
         sys.stderr.write(f"dcpinspect sniff: error: cannot capture on {args.iface}: {exc}\n")
+        printer.close()
         return 2
     stop = threading.Event()
 
@@ -551,12 +548,11 @@ def command(argv: list[str], *, out: TextIO) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             stop.wait(0.1)
-            show()
     finally:
         sniffer.stop()
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        with contextlib.suppress(BrokenPipeError):
-            show()
-    sys.stderr.write(f"dcpinspect sniff: {sniffer.segments} segments, {sniffer.stats.records} records\n")
+    flushed = printer.close(5.0)
+    blocked = "" if flushed else ", the output was still blocked at exit"
+    sys.stderr.write(f"dcpinspect sniff: {sniffer.segments} segments, {sniffer.stats.records} records{printer.summary()}{blocked}\n")
     return 0

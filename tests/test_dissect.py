@@ -620,3 +620,62 @@ def test_terminal_escapes_control_characters() -> None:
     raw = encode("DCP_MUTATION", extras=MUT, key="a\x1b[31mred", value=b"\x1b]0;title\x07")
     text = annotate(decode(raw)[0])
     assert "\x1b" not in text and "\\x1b" in text
+
+
+# --- SASL masking: every SASL request payload is masked unless positively known to be safe ---------------------
+
+
+def _shown(d: Any) -> list[str]:
+    return [annotate(d), annotate_html(d), json.dumps(d.as_dict())]
+
+
+@pytest.mark.parametrize(
+    ("mech", "value", "secret"),
+    [
+        ("PLAIN ", b"\0alice\0s3cret-pw", b"s3cret-pw"),
+        ("PLAIN\0", b"\0alice\0s3cret-pw", b"s3cret-pw"),
+        ("PLAIN", b"\0alice\0s3cret-pw\0extra", b"s3cret-pw"),
+        ("CRAM-MD5", b"alice 3f2d0c6b9a8e7f6d5c4b3a2910fedcba", b"3f2d0c6b9a8e7f6d5c4b3a2910fedcba"),
+        ("SCRAM-SHA256", b"c=biws,r=n0nce,p=PROOFPROOF\x01", b"PROOFPROOF"),
+        ("SCRAM-SHA256", b"n,,n=alice,r=n0nce\x00,p=PROOFPROOF", b"PROOFPROOF"),
+        ("SCRAM-SHA512", b"c=biws,r=n0nce,x=PROOFPROOF", b"PROOFPROOF"),
+        ("", b"whatever-secret", b"whatever-secret"),
+        ("OAUTHBEARER", b"n,,\x01auth=Bearer TOKENTOKEN\x01\x01", b"TOKENTOKEN"),
+    ],
+    ids=[
+        "plain-space",
+        "plain-nul",
+        "plain-4-parts",
+        "cram-md5",
+        "scram-nonprintable",
+        "scram-first-nul",
+        "scram-unknown-attr",
+        "no-mech",
+        "oauth",
+    ],
+)
+@pytest.mark.parametrize("op", ["SASL_AUTH", "SASL_STEP"])
+def test_sasl_payload_masked_unless_known_safe(op: str, mech: str, value: bytes, secret: bytes) -> None:
+    raw = encode(op, key=mech, value=value)
+    frame = decode(raw)[0]
+    d = dissect(frame)  # type: ignore[arg-type]
+    for text in _shown(d):
+        assert secret.decode() not in text
+        assert secret.hex() not in text
+    assert d.secrets and sum(n for _, n in d.secrets) >= len(secret)
+    revealed = dissect(frame, DissectContext(reveal_secrets=True))  # type: ignore[arg-type]
+    assert revealed.secrets == []
+    assert secret.hex() in json.dumps(revealed.as_dict()) or secret.decode() in annotate(revealed)
+
+
+def test_sasl_safe_messages_stay_readable() -> None:
+    first = dissect(decode(encode("SASL_AUTH", key="SCRAM-SHA512", value=b"n,,n=alice,r=n0nce"))[0])  # type: ignore[arg-type]
+    assert first.secrets == [] and "n=alice" in annotate(first) and "r=n0nce" in annotate(first)
+    final = dissect(decode(encode("SASL_STEP", key="SCRAM-SHA512", value=b"c=biws,r=n0nce,p=PROOFPROOF"))[0])  # type: ignore[arg-type]
+    assert "r=n0nce" in annotate(final) and "PROOFPROOF" not in annotate(final)
+    challenge = dissect(decode(encode("SASL_AUTH", response=True, status=0x21, value=b"r=n0nceS,s=c2FsdA==,i=4096"))[0])  # type: ignore[arg-type]
+    assert challenge.secrets == [] and "s=c2FsdA==" in annotate(challenge)
+    verifier = dissect(decode(encode("SASL_STEP", response=True, value=b"v=VERIFIERVERIFIER"))[0])  # type: ignore[arg-type]
+    assert "VERIFIERVERIFIER" not in annotate(verifier)
+    error = dissect(decode(encode("SASL_AUTH", response=True, status=0x20, value=b"Auth failure"))[0])  # type: ignore[arg-type]
+    assert "Auth failure" in annotate(error)

@@ -168,6 +168,34 @@ def test_other_traffic_is_skipped_and_tls_reported() -> None:
     assert tls.tls and events == []
 
 
+def test_tls_after_a_handshake_on_a_memcached_port_is_reported_not_decoded() -> None:
+    hello = b"\x16\x03\x01\x02\x00" + bytes(60)
+    r, events = run([Segment(0, *C, *S, 100, SYN), Segment(1, *S, *C, 500, SYN | ACK), Segment(2, *C, *S, 101, ACK, hello)])
+    (conn,) = r.connections
+    assert conn.tls and events == []
+
+
+def test_a_client_port_of_11207_is_not_tls() -> None:
+    frame = encode("DCP_NOOP", opaque=1)
+    r, events = run([Segment(0, "10.0.0.1", 11207, *S, 100, SYN), Segment(1, "10.0.0.1", 11207, *S, 101, ACK, frame)])
+    (conn,) = r.connections
+    assert not conn.tls and frames_of(events) == [frame]
+
+
+def test_the_compare_window_is_bounded_and_may_be_off() -> None:
+    from dcpinspect import flows
+
+    data = stream(2000)
+    for window in (flows.RECENT, 0):
+        r = Reassembler(compare_window=window)
+        for seg in segments(data, mss=1000):
+            for _ in r.feed(seg):
+                pass
+        half = r.connections[0].halves["s2c"]
+        assert len(half._recent) <= 2 * window
+        assert half.bytes == len(data)
+
+
 def test_port_reuse_is_a_new_connection() -> None:
     a = encode("DCP_NOOP", opaque=1)
     segs = [
@@ -283,6 +311,27 @@ def test_a_snaplen_cut_filled_by_a_retransmission_is_not_lost() -> None:
     assert frames_of(events) == [frame]
     assert [e for e in events if e.event.type != "frame"] == []  # type: ignore[attr-defined]
     assert r.connections[0].lost == 0 and r.connections[0].halves["s2c"].conflicts == 0
+
+
+def test_a_capture_that_cuts_every_segment_holds_little() -> None:
+    """A small snaplen (tcpdump -s 96) cuts every segment: the holes are given up after a few segments, not 4,096 each."""
+    from dcpinspect import flows
+
+    data = stream(400)
+    segs = segments(data, mss=200)
+    r = Reassembler()
+    held = 0
+    for seg in [segs[0], *(_cut(s, 40) for s in segs[1:])]:
+        for _ in r.feed(seg):
+            pass
+        half = r.connections[0].halves["s2c"] if r.connections else None
+        if half is not None:
+            held = max(held, len(half.pending))
+    for _ in r.close():
+        pass
+    lost = r.connections[0].lost
+    assert 0 < held <= flows.MAX_CUT_PENDING_SEGMENTS < 100  # not the 4,096 allowed behind a plain hole
+    assert lost == sum(len(s.payload) - 40 for s in segs[1:] if len(s.payload) > 40)  # every cut byte, exactly once
 
 
 def test_a_snaplen_cut_filled_later_while_later_segments_wait() -> None:

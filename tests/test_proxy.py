@@ -27,7 +27,7 @@ from dcpinspect import dissect, encode
 from dcpinspect.columns import JSON_COLUMNS
 from dcpinspect.live import LiveConnection
 from dcpinspect.proxy import TapProxy, parse_endpoint
-from dcpinspect.records import CaptureStats, Record, read_records
+from dcpinspect.records import CaptureStats, Record, capture_segments, read_records
 from dcpinspect.tables import frames_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -604,3 +604,167 @@ def test_cli_bad_address_exits_2(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 2 and "not HOST:PORT" in proc.stderr
+
+
+# -- forwarding never waits on output or decoding --------------------------------------------------------------
+
+
+def small_sets(n: int) -> bytes:
+    """``n`` SET requests with 100-byte values: many records per MB."""
+    return b"".join(encode("SET", key=f"k{i}", extras={"flags": 0, "expiration": 0}, value=b"v" * 100, opaque=i) for i in range(n))
+
+
+async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    while chunk := await r.read(65536):
+        w.write(chunk)
+        await w.drain()
+    w.write_eof()
+
+
+async def transfer(port: int, data: bytes) -> bytes:
+    """Send ``data`` through the proxy to the echo upstream (half-closing), return what came back."""
+    r, w = await asyncio.open_connection(LOOP, port)
+    reading = asyncio.create_task(r.read(-1))
+    w.write(data)
+    await w.drain()
+    w.write_eof()
+    got = await reading
+    w.close()
+    await w.wait_closed()
+    return got
+
+
+class BlockedOutput:
+    """A text stream whose write() blocks until ``release`` is set (a paused pager)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.entered.set()
+        self.release.wait()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_blocked_output_never_stops_forwarding() -> None:
+    """Records print on a thread of their own: an output that never returns drops records (counted), never bytes."""
+    from dcpinspect.proxy import _Printer, stopped_line
+
+    data = small_sets(30_000)  # 4 MB, 60,000 records with the echo
+    out = BlockedOutput()
+    printer = _Printer(out, as_json=False, limit=100)  # type: ignore[arg-type]
+
+    async def main() -> TapProxy:
+        async with Upstream(echo) as up:
+            proxy = await TapProxy(upstream=up, on_record=printer.add).start()
+            assert await transfer(proxy.port, data) == data
+            await asyncio.to_thread(out.entered.wait, 30)  # the printer is stuck in write()
+            assert out.entered.is_set()
+            assert await asyncio.wait_for(transfer(proxy.port, encode("NOOP", opaque=9)), 30) == encode("NOOP", opaque=9)
+            await proxy.wait_decoded()
+            await proxy.stop()
+        return proxy
+
+    try:
+        proxy = run(main())
+        assert proxy.records == 60_002 and proxy.tap_skipped == 0
+        assert printer.dropped > 0
+        assert not printer.close(timeout=0.01)  # the output is still blocked: close() does not hang
+        line = stopped_line(proxy, printer, flushed=False)
+        assert f"{printer.dropped} records not shown" in line and "still blocked" in line
+    finally:
+        out.release.set()
+    assert printer.close(timeout=30)
+
+
+def test_cli_with_stdout_never_read_forwards_and_reports_drops() -> None:
+    """``dcpinspect proxy | pager`` with the pager paused: the pipe fills, forwarding goes on, the drops are in the summary."""
+    data = small_sets(30_000)
+
+    async def main() -> tuple[int | None, bytes]:
+        async with Upstream(echo) as up:
+            cmd = ["-m", "dcpinspect", "proxy", "--listen", "127.0.0.1:0", "--upstream", f"{up[0]}:{up[1]}"]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, *cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env
+            )
+            try:
+                assert proc.stdout is not None
+                port = int((await proc.stdout.readline()).decode().rsplit(":", 1)[1])  # then stdout is not read until the end
+                assert await transfer(port, data) == data
+                assert await asyncio.wait_for(transfer(port, encode("NOOP", opaque=9)), 30) == encode("NOOP", opaque=9)
+                proc.send_signal(signal.SIGTERM)
+                _, err = await asyncio.wait_for(proc.communicate(), 60)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return proc.returncode, err
+
+    code, err = run(main(), timeout=120)
+    assert code == 0, err
+    summary = [line for line in err.decode().splitlines() if "stopped:" in line]
+    assert len(summary) == 1 and "records not shown (the output could not keep up)" in summary[0], err
+    assert "60002 records" in summary[0]
+
+
+# -- not memcached binary: forwarded exactly, decoded a bounded amount, said once ------------------------------
+
+
+def client_hello() -> bytes:
+    """A TLS 1.2 record carrying a ClientHello (what a TLS client sends first)."""
+    rnd = random.Random(5)
+    body = b"\x03\x03" + rnd.randbytes(32) + b"\x00" + b"\x00\x04\x13\x01\x00\xff" + b"\x01\x00" + b"\x00\x00"
+    hs = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(hs).to_bytes(2, "big") + hs
+
+
+@pytest.mark.parametrize("kind", ["tls", "random"])
+def test_not_memcached_is_forwarded_exactly_and_said_once(tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    from dcpinspect.live import JUNK_LIMIT
+
+    rnd = random.Random(11)
+    data = (client_hello() if kind == "tls" else b"") + rnd.randbytes(2_000_000)
+    recs: list[Record] = []
+
+    async def main() -> TapProxy:
+        async with Upstream(echo) as up:
+            proxy = await TapProxy(upstream=up, on_record=recs.append, pcap=tmp_path / "x.pcap").start()
+            assert await transfer(proxy.port, data) == data
+            await proxy.stop()
+        return proxy
+
+    with caplog.at_level(logging.INFO, logger="dcpinspect.proxy"):
+        proxy = run(main())
+    notices = [m for m in caplog.messages if "not decoded" in m and "stopped" not in m]
+    why = "TLS" if kind == "tls" else "not memcached binary"
+    assert len(notices) == 1 and f": {why}, not decoded" in notices[0], notices
+    assert proxy.undecoded == 1 and proxy.bytes == {"c2s": len(data), "s2c": len(data)}
+    decoded = sum(r.event.length for r in recs)
+    assert decoded == 0 if kind == "tls" else 0 < decoded <= 4 * JUNK_LIMIT
+    streams: dict[int, bytearray] = {}
+    for seg in capture_segments([str(tmp_path / "x.pcap")], CaptureStats()):  # the pcap holds every byte, in order
+        streams.setdefault(seg.sport, bytearray()).extend(seg.payload)
+    assert sorted(map(bytes, streams.values())) == [data, data]
+
+
+def test_sasl_request_reflected_by_the_upstream_is_masked_in_the_pcap(tmp_path: Path) -> None:
+    """An upstream that echoes: the SASL request comes back server-to-client, and is masked there too."""
+    pcap = tmp_path / "echo.pcap"
+    auth = encode("SASL_AUTH", key="PLAIN", value=b"\x00bob\x00hunter2-secret", opaque=1)
+
+    async def main() -> None:
+        async with Upstream(echo) as up:
+            proxy = await TapProxy(upstream=up, pcap=pcap).start()
+            assert await transfer(proxy.port, auth) == auth
+            await proxy.stop()
+
+    run(main())
+    assert b"hunter2" not in pcap.read_bytes()
+    back = [(r.direction, r.event.raw) for r in read_records([str(pcap)])]  # type: ignore[union-attr]
+    masked = auth.replace(b"hunter2-secret", b"*" * 14)
+    assert back == [("c2s", masked), ("s2c", masked)]

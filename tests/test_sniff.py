@@ -367,10 +367,11 @@ def test_masker_unplaceable_midstream_oversized_and_server_side() -> None:
     w.send(_raw(7000, tail + NOOP))
     w.send(_raw(7000 + len(tail) + len(NOOP), AUTH))
     w.send(_raw(7000 + (1 << 28), b"far away"))  # cannot be placed: masked whole
-    w.send(_raw(5000, b"\x00bob\x00pw", c2s=False))  # server->client bytes are never touched
+    w.send(_raw(5000, b"\x00bob\x00pw", c2s=False))  # server->client too: blind (it may be a reflected request's tail)
+    w.send(_raw(5000 + len(tail), NOOP, c2s=False))  # ... until a frame boundary
     w.masker.close()
     got = [p[54:] for p in w.out.packets]
-    assert got == [b"*" * len(tail) + NOOP, MASKED, b"*" * 8, tail]
+    assert got == [b"*" * len(tail) + NOOP, MASKED, b"*" * 8, b"*" * len(tail), NOOP]
 
     # a SASL request declaring a body beyond the hold limit is not held: its body is masked as it passes
     from dcpinspect.live import HOLD_LIMIT
@@ -445,3 +446,27 @@ def test_sniffed_pcap_masks_sasl_plain_and_scram_secrets(tmp_path: Path, keep: b
             (r.packet, r.event.opcode, r.event.body_length)  # type: ignore[union-attr]
             for r in mine
         ]
+
+
+def test_masker_sasl_request_from_the_server_side_is_masked() -> None:
+    """A SASL request in the server-to-client direction (reflected by an upstream) is masked like a client's."""
+    w = _Wire()
+    _start(w)
+    w.send(_raw(ISN + 1, NOOP))
+    w.send(_raw(5001, AUTH[:30], c2s=False))
+    w.send(_raw(5001 + 30, AUTH[30:], c2s=False))
+    w.send(_raw(5001 + len(AUTH), flags=0x04, c2s=False))  # RST: both directions end
+    assert not w.masker.flows
+    w.masker.close()
+    assert b"hunter" not in b"".join(w.out.packets) and b"cret" not in b"".join(w.out.packets)
+    assert w.payloads() == NOOP + MASKED
+    assert all(_tcp_ok(p) for p in w.out.packets)
+
+
+def test_masker_cram_md5_masked_whole() -> None:
+    w = _Wire()
+    _start(w)
+    cram = encode("SASL_AUTH", key="CRAM-MD5", value=b"bob 0123456789abcdef0123456789abcdef", opaque=1)
+    w.send(_raw(ISN + 1, cram))
+    w.masker.close()
+    assert w.payloads() == cram[:24] + b"CRAM-MD5" + b"*" * (len(cram) - 32)
