@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .consumer import ConsumerConfig, ConsumerEvent, DcpConsumer, ResumeState
-from .live import LiveCapture
+from .live import LiveCapture, LiveConnection
 from .records import Record
+from .render import safe_text
 
 __all__ = ["ClientError", "DcpClient", "command", "load_state", "record_json", "run_client", "run_client_sync", "save_state"]
 
@@ -73,6 +74,8 @@ class DcpClient:
         host, port: the server (memcached / the simulator).
         config: what to stream; if its ``resume`` is ``None`` and ``state_path`` exists, that state is used.
         on_record: called with every frame's :class:`~dcpinspect.records.Record` as it completes (both directions).
+            Without it (and without ``pcap``/``capture``) the frames are not turned into records at all;
+            the client keeps only per-vbucket state and counters, however long the stream.
         on_event: called with every :class:`~dcpinspect.consumer.ConsumerEvent`.
         pcap: also write the connection to this pcap file.
         state_path: persist the resume state here (JSON) at consistent points and on exit.
@@ -114,6 +117,8 @@ class DcpClient:
         self._hold_acks = hold_acks
         self._stop = False
         self._task: asyncio.Task[ResumeState] | None = None
+        self._progress = asyncio.Event()  # set (and replaced) each time the client handled data or a tick
+        self._ended = False
 
     @property
     def state(self) -> ResumeState | None:
@@ -141,6 +146,32 @@ class DcpClient:
             raise RuntimeError("the client was not started")
         return await self._task
 
+    async def until(self, predicate: Callable[[DcpConsumer], bool]) -> DcpConsumer:
+        """Wait until ``predicate(consumer)`` holds; returns the consumer.
+
+        The predicate is checked now and after each time the client handled what arrived (or a tick
+        passed).  Raises the client's ``ClientError`` if it ended with one first, else ``ClientError``
+        if it ended without the predicate ever holding.  Wrap in ``asyncio.wait_for`` for a deadline.
+        """
+        while True:
+            consumer = self.consumer
+            if consumer is not None and predicate(consumer):
+                return consumer
+            task = self._task
+            if self._ended or (task is not None and task.done()):
+                if task is not None:
+                    await task
+                raise ClientError("the client ended before the awaited condition held", self.state)
+            waiter = asyncio.ensure_future(self._progress.wait())
+            try:
+                await asyncio.wait([waiter] if task is None else [waiter, task], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+
+    def _progressed(self) -> None:
+        done, self._progress = self._progress, asyncio.Event()
+        done.set()
+
     async def stop(self) -> ResumeState:
         """Close the streams, finish, save the state; returns it."""
         self._stop = True
@@ -152,6 +183,14 @@ class DcpClient:
         Raises:
             ClientError: cannot connect, authentication failed, the server went away, or another fatal failure.
         """
+        self._ended = False
+        try:
+            return await self._run()
+        finally:
+            self._ended = True
+            self._progressed()
+
+    async def _run(self) -> ResumeState:
         config = self.config
         if config.resume is None and self.state_path is not None:
             saved = load_state(self.state_path)
@@ -167,34 +206,45 @@ class DcpClient:
         except OSError as exc:
             raise ClientError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         own_capture = self.capture is None
-        capture = self.capture or LiveCapture(pcap=self.pcap, on_record=self.on_record)
-        local = writer.get_extra_info("sockname") or ("0.0.0.0", 0)
-        peer = writer.get_extra_info("peername") or (self.host, self.port)
-        conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
+        capture = self.capture
+        if capture is None and (self.pcap is not None or self.on_record is not None):
+            # records go to on_record or nowhere: a LiveCapture without a callback would keep every one
+            capture = LiveCapture(pcap=self.pcap, on_record=self.on_record or _discard)
+        conn: LiveConnection | None = None
+        if capture is not None:
+            local = writer.get_extra_info("sockname") or ("0.0.0.0", 0)
+            peer = writer.get_extra_info("peername") or (self.host, self.port)
+            conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
         consumer = self.consumer = DcpConsumer(config, now=loop.time())
         consumer.hold_acks = self._hold_acks
         last_save = loop.time()
         dirty = False
         closed_by = "c2s"
+
+        async def send() -> None:
+            out = consumer.data_to_send()
+            if not out:
+                return
+            if conn is not None:
+                conn.data("c2s", out)
+            writer.write(out)
+            # a server that never reads must not block the client forever
+            await asyncio.wait_for(writer.drain(), config.response_timeout)
+
         try:
             while True:
-                out = consumer.data_to_send()
-                if out:
-                    conn.data("c2s", out)
-                    writer.write(out)
-                    await writer.drain()
+                try:
+                    await send()
+                    if not consumer.done and self._stop:
+                        dirty |= self._events(consumer.close_streams(loop.time()))
+                        await send()  # the CLOSE_STREAMs
+                except TimeoutError:
+                    self._events(consumer.connection_failed(f"the server read nothing for {config.response_timeout:g} s"))
+                except OSError as exc:
+                    self._events(consumer.connection_failed(f"connection error: {exc.strerror or exc}"))
                 if consumer.done:
                     break
-                if self._stop:
-                    dirty |= self._events(consumer.close_streams(loop.time()))
-                    out = consumer.data_to_send()
-                    if out:  # the CLOSE_STREAMs
-                        conn.data("c2s", out)
-                        writer.write(out)
-                        await writer.drain()
-                    if consumer.done:
-                        continue
-                    # streams closing: read on until their STREAM_END(Closed) (FACTS §6.3) or the timeout
+                # (streams closing: read on until their STREAM_END(Closed) (FACTS §6.3) or the timeout)
                 try:
                     data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
                 except TimeoutError:
@@ -208,10 +258,12 @@ class DcpClient:
                     closed_by = "s2c"
                     events += consumer.connection_lost()
                 elif data:
-                    conn.data("s2c", data)
+                    if conn is not None:
+                        conn.data("s2c", data)
                     events += consumer.receive(data, now)
                 events += consumer.tick(now)
                 dirty |= self._events(events)
+                self._progressed()
                 if dirty and self.state_path is not None and now - last_save >= self.save_interval:
                     save_state(self.state_path, consumer.state)
                     last_save, dirty = now, False
@@ -219,11 +271,13 @@ class DcpClient:
             with contextlib.suppress(OSError, RuntimeError):
                 writer.close()
                 await writer.wait_closed()
-            conn.close(by=closed_by)
-            if own_capture:
-                capture.close()
-            else:
-                capture.flush()
+            if conn is not None:
+                conn.close(by=closed_by)
+            if capture is not None:
+                if own_capture:
+                    capture.close()
+                else:
+                    capture.flush()
             if self.state_path is not None:
                 save_state(self.state_path, consumer.state)
         if consumer.failure is not None:
@@ -241,6 +295,10 @@ class DcpClient:
     def run_sync(self) -> ResumeState:
         """:meth:`run` from synchronous code (also when an event loop is already running in this thread)."""
         return _sync(self.run)
+
+
+def _discard(_rec: Record) -> None:
+    """An ``on_record`` that keeps nothing."""
 
 
 async def run_client(
@@ -376,7 +434,7 @@ def command(argv: list[str], *, out: TextIO) -> int:
 
     def on_event(ev: ConsumerEvent) -> None:
         if ev.kind in _SHOWN:
-            out.write(f"{ev}\n")
+            out.write(safe_text(str(ev)) + "\n")  # the server's text, escaped like every other output
             out.flush()
 
     client = DcpClient(
@@ -391,13 +449,13 @@ def command(argv: list[str], *, out: TextIO) -> int:
     try:
         asyncio.run(client.run())
     except ClientError as exc:
-        err.write(f"dcpinspect client: error: {exc}\n")
+        err.write(f"dcpinspect client: error: {safe_text(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         err.write("dcpinspect client: interrupted\n")
         return 0
     except OSError as exc:
-        err.write(f"dcpinspect client: error: {exc}\n")
+        err.write(f"dcpinspect client: error: {safe_text(str(exc))}\n")
         return 2
     consumer = client.consumer
     assert consumer is not None
@@ -409,5 +467,6 @@ def command(argv: list[str], *, out: TextIO) -> int:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(st.counts.items())) or "nothing"
         how = st.error if st.status == "failed" else st.end_reason or st.status
         extra = f", {st.rollbacks} rollbacks" if st.rollbacks else ""
-        out.write(f"vb {vb}: seqno {st.start_seqno} -> {st.position.seqno} (uuid 0x{st.position.vb_uuid:x}), {counts}{extra}; {how}\n")
+        line = f"vb {vb}: seqno {st.start_seqno} -> {st.position.seqno} (uuid 0x{st.position.vb_uuid:x}), {counts}{extra}; {how}"
+        out.write(safe_text(line) + "\n")
     return 1 if failed else 0

@@ -33,6 +33,7 @@ from . import spec
 from .decoder import Frame, FrameDecoder
 from .dissect import DissectContext, Dissection, dissect
 from .encode import encode
+from .render import safe_text
 from .sasl import SCRAM_HASHES, SaslError, ScramClient, plain_payload
 
 __all__ = [
@@ -57,7 +58,13 @@ DEFAULT_MECHANISMS: tuple[str, ...] = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SH
 # producer messages that count against the flow-control buffer (FACTS §7.5)
 _FLOW_CONTROLLED = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67})
 _OP = spec.OPCODES
-_STAT_HIGH = re.compile(r"^vb_(\d+):high_seqno$")
+_STAT_HIGH = re.compile(r"^vb_(\d{1,5}):high_seqno$")
+#: vbucket ids are 16 bits
+_MAX_VBUCKET = 0xFFFF
+#: STAT vbucket-seqno answers more than this many keys: a server that never ends its STAT reply
+_MAX_STAT_KEYS = 16 * (_MAX_VBUCKET + 1)
+#: characters of server-provided text kept in a message (escaped, see :func:`~dcpinspect.render.safe_text`)
+_TEXT_LIMIT = 200
 
 # stream-end statuses (FACTS §6.6): re-request the stream for these ...
 _REREQUEST_END = frozenset({2, 4, 5, 6})  # StateChanged, Slow, BackfillFail, Rollback (sent as StateChanged)
@@ -202,7 +209,8 @@ class ConsumerConfig:
         stream_value: stream-request JSON value (collections filter, FACTS §6.4), e.g. ``{"collections": ["8"]}``.
         resume: where to resume from (``None``: from the beginning).
         max_rollbacks: rollbacks/re-requests in a row before a vbucket is given up.
-        response_timeout: seconds to wait for a bootstrap reply.
+        response_timeout: seconds to wait for a bootstrap reply (the connection fails) or a stream
+            request's reply (that vbucket fails).
     """
 
     bucket: str
@@ -298,6 +306,7 @@ class StreamInfo:
     oso_before: int = 0
     oso_max: int = 0
     retries_in_a_row: int = 0
+    requested_at: float = 0.0  # when the pending stream request was sent
 
     @property
     def finished(self) -> bool:
@@ -315,7 +324,9 @@ class DcpConsumer:
     Feed it what the server sent with :meth:`receive`, send what
     :meth:`data_to_send` returns, call :meth:`tick` now and then.  It starts
     by queueing HELLO.  Never raises on server input: malformed frames and
-    unexpected replies become ``malformed``/``unexpected`` events.
+    unexpected replies become ``malformed``/``unexpected`` events; bytes that
+    are not frames at all (the framing is lost), a reply it cannot act upon,
+    and silence where a reply is due (``response_timeout``) fail the connection.
     """
 
     def __init__(self, config: ConsumerConfig, now: float = 0.0) -> None:
@@ -341,6 +352,8 @@ class DcpConsumer:
         self._pending: dict[int, tuple[str, Any]] = {}  # opaque -> (what, detail)
         self._pending_since = now
         self._last_rx = now
+        self._now = now  # the latest time passed in
+        self._stat_keys = 0
         self._scram: ScramClient | None = None
         self._controls: list[tuple[str, str]] = []
         self._high: dict[int, int] = {}
@@ -378,17 +391,22 @@ class DcpConsumer:
     def receive(self, data: bytes, now: float) -> list[ConsumerEvent]:
         """Bytes from the server -> events (never raises on what the server sent)."""
         events: list[ConsumerEvent] = []
+        self._now = now
         if data:
             self._last_rx = now
         for ev in self._decoder.feed(data):
             if not isinstance(ev, Frame):
-                reason = getattr(ev, "reason", ev.type)
+                reason = _server_text(getattr(ev, "reason", ev.type))
                 events.append(ConsumerEvent("malformed", f"{ev.type} at offset {ev.offset}: {reason}", data={"offset": ev.offset}))
+                if not self.done:  # the frame boundaries are lost: replies and stream ends may be gone (as memcached, drop it)
+                    self._fail(events, f"the server sent bytes that are not frames ({ev.type} at offset {ev.offset}: {reason})")
                 continue
+            if self.phase == Phase.FAILED:
+                break  # nothing after a fatal failure is acted upon
             try:
                 self._frame(ev, now, events)
             except Exception as exc:  # the server's bytes must never crash the client
-                events.append(ConsumerEvent("malformed", f"{ev.name} at offset {ev.offset}: {type(exc).__name__}: {exc}"))
+                events.append(ConsumerEvent("malformed", f"{ev.name} at offset {ev.offset}: {_exc_text(exc)}"))
         self._maybe_ack(events)
         self._check_done(events)
         return events
@@ -396,9 +414,18 @@ class DcpConsumer:
     def tick(self, now: float) -> list[ConsumerEvent]:
         """Time passes: detect a dead connection (FACTS §7.6) and bootstrap timeouts."""
         events: list[ConsumerEvent] = []
+        self._now = now
         if self.done:
             return events
         if self.phase == Phase.STREAMING:
+            timeout = self.config.response_timeout
+            for st in self.streams.values():  # a stream request the server never answers fails that vbucket
+                if st.status == "requested" and now - st.requested_at > timeout:
+                    self._pending.pop(st.opaque, None)
+                    self._fail_stream(st, f"no reply to the stream request within {timeout:g} s", events)
+            self._check_done(events)
+            if self.done:
+                return events
             closing = [st for st in self.streams.values() if st.status == "closing"]
             if closing and now - self._closing_since > self.config.response_timeout:
                 for st in closing:  # the producer never confirmed: closed all the same
@@ -411,8 +438,11 @@ class DcpConsumer:
                     events, f"no traffic from the server for {now - self._last_rx:.1f} s (noop interval {self.config.noop_interval:g} s)"
                 )
             self._maybe_ack(events)  # acks held back are sent once released, even while nothing arrives
-        elif self._pending and now - self._pending_since > self.config.response_timeout:
-            self._fail(events, f"no reply to {next(iter(self._pending.values()))[0]} within {self.config.response_timeout:g} s")
+        elif now - self._pending_since > self.config.response_timeout:
+            if self._pending:
+                self._fail(events, f"no reply to {next(iter(self._pending.values()))[0]} within {self.config.response_timeout:g} s")
+            else:  # cannot happen unless a reply was mishandled; never wait forever
+                self._fail(events, f"bootstrap stalled in phase {self.phase} for {self.config.response_timeout:g} s")
         return events
 
     def connection_lost(self) -> list[ConsumerEvent]:
@@ -423,6 +453,13 @@ class DcpConsumer:
                 events.append(ConsumerEvent("malformed", f"{ev.type} at offset {ev.offset}: {getattr(ev, 'reason', '')}"))
         if not self.done:
             self._fail(events, f"server closed the connection during {self.phase}")
+        return events
+
+    def connection_failed(self, why: str) -> list[ConsumerEvent]:
+        """The transport failed (a send error, a server that stopped reading): unless everything ended, a failure."""
+        events: list[ConsumerEvent] = []
+        if not self.done:
+            self._fail(events, why)
         return events
 
     def close_streams(self, now: float | None = None) -> list[ConsumerEvent]:
@@ -500,7 +537,10 @@ class DcpConsumer:
         self._pending_since = now
         what, detail = pending
         handler = getattr(self, f"_on_{what.lower()}")
-        handler(frame, d, detail, now, events)
+        try:
+            handler(frame, d, detail, now, events)
+        except Exception as exc:  # the request is answered but not acted upon: nothing would ever time out
+            self._fail(events, f"cannot handle the {d.name} reply: {_exc_text(exc)}")
 
     # --- bootstrap ------------------------------------------------------------------
     def _on_hello(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
@@ -522,7 +562,8 @@ class DcpConsumer:
         offered = frame.value.decode("ascii", "replace").split()
         mech = next((m for m in self.config.mechanisms if m in offered), None)
         if mech is None:
-            self._fail(events, f"no common SASL mechanism (server offers {' '.join(offered) or 'none'})", kind="auth_failed")
+            shown = _server_text(" ".join(offered)) or "none"
+            self._fail(events, f"no common SASL mechanism (server offers {shown})", kind="auth_failed")
             return
         self.mechanism = mech
         self.phase = Phase.SASL_AUTH
@@ -540,20 +581,23 @@ class DcpConsumer:
             try:
                 payload = self._scram.final(frame.value)
             except SaslError as exc:
-                self._fail(events, f"SASL {mech}: {exc}", kind="auth_failed")
+                self._fail(events, f"SASL {mech}: {_server_text(str(exc))}", kind="auth_failed")
                 return
             self._request("SASL_AUTH", "SASL_STEP", key=mech, value=payload, now=now)
             return
         if status != spec.SUCCESS:
-            self._fail(events, f"authentication failed for user {self.config.user!r} with {mech}: {_status(status)}", kind="auth_failed")
+            context = f" ({_server_text(frame.value.decode('utf-8', 'replace'))})" if frame.value else ""
+            self._fail(
+                events,
+                f"authentication failed for user {self.config.user!r} with {mech}: {_status(status)}{context}",
+                kind="auth_failed",
+            )
             return
         if self._scram is not None:
             try:
-                ok = self._scram.verify(frame.value)
-            except SaslError:
-                ok = False
-            if not ok:
-                self._fail(events, f"SASL {mech}: the server's signature does not verify", kind="auth_failed")
+                self._scram.check(frame.value)
+            except SaslError as exc:
+                self._fail(events, f"SASL {mech}: {_server_text(str(exc))}", kind="auth_failed")
                 return
         self._scram = None
         events.append(ConsumerEvent("authenticated", f"as {self.config.user!r} with {mech}", data={"mechanism": mech}))
@@ -577,7 +621,13 @@ class DcpConsumer:
             self._stat_high = {}
             self._request("STAT", "STAT", key="vbucket-seqno", now=now)
             return
-        self._high = {int(e["vbucket"]): int(e["high_seqno"]) for e in d.body.get("vb_seqnos", [])}
+        high: dict[int, int] = {}
+        for e in d.body.get("vb_seqnos", []):
+            vb, seqno = int(e["vbucket"]), int(e["high_seqno"])
+            if not 0 <= vb <= _MAX_VBUCKET or not 0 <= seqno <= MAX_SEQNO:
+                raise ValueError(f"vbucket {vb} high seqno {seqno} out of range")
+            high[vb] = seqno
+        self._high = high
         self._seqnos_known(now, events)
 
     def _on_stat(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
@@ -585,12 +635,19 @@ class DcpConsumer:
             self._fail(events, f"cannot learn the high seqnos (GET_ALL_VB_SEQNOS and STAT vbucket-seqno failed: {_status(frame.status)})")
             return
         if frame.key:
+            self._stat_keys += 1
+            if self._stat_keys > _MAX_STAT_KEYS:
+                self._fail(events, f"STAT vbucket-seqno: more than {_MAX_STAT_KEYS} keys and no end")
+                return
             m = _STAT_HIGH.match(frame.key.decode("ascii", "replace"))
-            if m:
+            if m and int(m.group(1)) <= _MAX_VBUCKET:
                 try:
-                    self._stat_high[int(m.group(1))] = int(frame.value.decode("ascii"))
-                except ValueError:
-                    events.append(ConsumerEvent("malformed", f"STAT {frame.key!r} value {frame.value!r} is not a number", dissection=d))
+                    self._stat_high[int(m.group(1))] = _u64(int(frame.value.decode("ascii")))
+                except (ValueError, UnicodeDecodeError):
+                    text = _server_text(repr(frame.value))
+                    events.append(
+                        ConsumerEvent("malformed", f"STAT {_server_text(repr(frame.key))} value {text} is not a seqno", dissection=d)
+                    )
             self._pending[frame.opaque] = ("STAT", detail)  # more responses follow
             return
         self._high = dict(self._stat_high)
@@ -693,6 +750,7 @@ class DcpConsumer:
         st.marker = None
         st.marker_ack = None
         st.oso = False
+        st.requested_at = self._now
         self._by_opaque[opaque] = st
         self._pending[opaque] = ("STREAM_REQ", st)
         extras = {
@@ -743,7 +801,7 @@ class DcpConsumer:
                 return
             self._rollback(st, r, events)
             return
-        context = frame.value.decode("utf-8", "replace") if frame.value else ""
+        context = _server_text(frame.value.decode("utf-8", "replace")) if frame.value else ""
         self._fail_stream(st, f"stream request refused: {_status(status)}" + (f" ({context})" if context else ""), events, d)
 
     def _rollback(self, st: StreamInfo, r: int, events: list[ConsumerEvent]) -> None:
@@ -1002,6 +1060,16 @@ def _need(values: Mapping[str, Any], name: str) -> int:
     if not isinstance(v, int):
         raise ValueError(f"field {name} missing (frame too short)")
     return v
+
+
+def _server_text(text: str) -> str:
+    """Text the server sent, made safe to show: control characters escaped, shortened."""
+    return safe_text(text, _TEXT_LIMIT)
+
+
+def _exc_text(exc: BaseException) -> str:
+    """An exception raised while reading the server's bytes, as one safe line."""
+    return _server_text(f"{type(exc).__name__}: {exc}")
 
 
 def _status(status: int | None) -> str:

@@ -489,6 +489,10 @@ class Cluster:
             (``None``: never).
         checkpoint_items: seqnos per memory snapshot.
         max_batch: bytes one :meth:`ProducerConnection.pump` queues before yielding.
+        output_limit: bytes of output a connection holds (produced, not yet taken with
+            :meth:`ProducerConnection.data_to_send`) before it stops producing more: requests
+            wait unhandled (:attr:`ProducerConnection.want_read` is false) and streams pause,
+            flow control or not.  A client that never reads cannot grow a connection's output.
         journal_max: entries kept in :attr:`journal` (the oldest are dropped beyond it).
 
     :attr:`journal` is the simulator's own record of what it did (the ground truth a
@@ -513,6 +517,7 @@ class Cluster:
         slow_after: float | None = None,
         checkpoint_items: int = 50,
         max_batch: int = 1 << 20,
+        output_limit: int = 1 << 20,
         journal_max: int = JOURNAL_MAX,
     ) -> None:
         self.journal: deque[dict[str, Any]] = deque(maxlen=journal_max)
@@ -523,6 +528,7 @@ class Cluster:
         self.slow_after = slow_after
         self.checkpoint_items = checkpoint_items
         self.max_batch = max_batch
+        self.output_limit = output_limit
         self.connections: list[ProducerConnection] = []
         self._rng = random.Random(seed)
         self._cas = 0x1700000000000000
@@ -632,6 +638,7 @@ class ProducerConnection:
         self.peer = peer
         self._decoder = FrameDecoder()
         self._pending = bytearray()  # bytes fed to the decoder that are not yet in an event
+        self._inbox: deque[Any] = deque()  # decoded client frames not yet handled (the output was backed up)
         self._out = bytearray()
         self.closed = False
         self.close_reason = ""
@@ -704,8 +711,26 @@ class ProducerConnection:
 
     @property
     def want_write(self) -> bool:
-        """Streams have messages the last :meth:`pump` did not emit (batch limit, not flow control)."""
-        return not self.closed and not self._window_full() and any(s.queue and not s.ended for s in self.streams.values())
+        """:meth:`pump` has more to do: requests wait, or streams have messages it did not emit yet.
+
+        (Held back by the batch or output limit, not by flow control.)
+        """
+        if self.closed:
+            return False
+        return bool(self._inbox) or (not self._window_full() and any(s.queue and not s.ended for s in self.streams.values()))
+
+    @property
+    def want_read(self) -> bool:
+        """More client bytes are welcome: every request is handled and the output is below ``output_limit``.
+
+        An edge that reads only then holds at most about that much per connection.
+        """
+        return not self.closed and not self._inbox and len(self._out) < self.cluster.output_limit
+
+    @property
+    def output_size(self) -> int:
+        """Bytes produced and not yet taken with :meth:`data_to_send`."""
+        return len(self._out)
 
     def close(self, reason: str) -> None:
         """Close the connection (no more output)."""
@@ -713,6 +738,7 @@ class ProducerConnection:
             self.closed = True
             self.close_reason = reason
             self.streams.clear()
+            self._inbox.clear()
         if self in self.cluster.connections:
             self.cluster.connections.remove(self)
 
@@ -731,7 +757,11 @@ class ProducerConnection:
         self._send(raw, now)
 
     def receive(self, data: bytes, now: float) -> None:
-        """Feed bytes from the client; replies and stream data become available in :meth:`data_to_send`."""
+        """Feed bytes from the client; replies and stream data become available in :meth:`data_to_send`.
+
+        Requests are handled in order while the output stays below the cluster's ``output_limit``;
+        the rest wait (:attr:`want_read` false) for the next :meth:`pump` after the output was taken.
+        """
         if self.closed:
             return
         self.last_receive = now
@@ -742,18 +772,21 @@ class ProducerConnection:
         if self._pending and self._pending[0] not in spec.MAGICS:
             # the decoder holds garbage back until it resynchronises; the server drops the connection at once
             events.append(Garbage(0, bytes(self._pending[:1]), "invalid magic"))
-        for ev in events:
-            if self.closed:
-                return
+        self._inbox.extend(events)
+        self.pump(now)
+
+    def _handle_inbox(self, now: float) -> None:
+        """Handle received requests in order while the output is below the limit."""
+        while self._inbox and not self.closed and len(self._out) < self.cluster.output_limit:
+            ev = self._inbox.popleft()
             if ev.type != "frame":
                 self.close(f"invalid data from the client ({ev.type})")
                 return
             try:
-                self._handle(dissect(ev, self.context), now)  # type: ignore[arg-type]
+                self._handle(dissect(ev, self.context), now)
             except Exception as exc:  # a bug here must not kill the server: drop the connection
-                self.close(f"internal error handling {ev.name}: {type(exc).__name__}: {exc}")  # type: ignore[union-attr]
+                self.close(f"internal error handling {ev.name}: {type(exc).__name__}: {exc}")
                 return
-        self.pump(now)
 
     def tick(self, now: float) -> None:
         """Time passes: noops (§7.6), idle disconnect, slow-consumer stream ends, then :meth:`pump`."""
@@ -1302,12 +1335,16 @@ class ProducerConnection:
         return self.buffer_size > 0 and self.bytes_outstanding >= self.buffer_size
 
     def pump(self, now: float) -> None:
-        """Move stream messages to the output: round robin, respecting flow control (§7.5)."""
+        """Handle waiting requests, then move stream messages to the output.
+
+        Round robin, respecting flow control (§7.5) and the cluster's ``output_limit``.
+        """
+        self._handle_inbox(now)
         if self.closed or self.bucket is None:
             return
         if now < self.paused_until:
             return
-        budget = self.cluster.max_batch
+        budget = min(self.cluster.max_batch, self.cluster.output_limit - len(self._out))
         keys = list(self.streams)
         idle_rounds = 0
         while keys and budget > 0 and idle_rounds < 2:

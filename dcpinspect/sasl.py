@@ -20,10 +20,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Mapping
 
-__all__ = ["MECHANISMS", "SCRAM_HASHES", "SaslError", "ScramClient", "ScramServer", "check_plain", "plain_payload"]
+__all__ = [
+    "MAX_ITERATIONS",
+    "MECHANISMS",
+    "SCRAM_HASHES",
+    "SaslError",
+    "ScramClient",
+    "ScramServer",
+    "check_plain",
+    "plain_payload",
+]
 
 #: Mechanism name -> hashlib digest name.
 SCRAM_HASHES: dict[str, str] = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}
@@ -31,7 +41,12 @@ SCRAM_HASHES: dict[str, str] = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha25
 #: What the simulator advertises in SASL_LIST_MECHS, strongest first.
 MECHANISMS: tuple[str, ...] = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
 
+#: The highest PBKDF2 iteration count a :class:`ScramClient` accepts from a server (the simulator announces 4096,
+#: Couchbase Server 4096 by default); more would block the caller for minutes (2**31-1: half an hour).
+MAX_ITERATIONS = 100_000
+
 _GS2_HEADER = "n,,"
+_DIGITS = re.compile(r"[0-9]+")
 
 
 class SaslError(Exception):
@@ -99,11 +114,11 @@ def _decode(message: bytes) -> str:
         raise SaslError("SCRAM message is not UTF-8") from None
 
 
-def _b64decode(text: str) -> bytes:
+def _b64decode(text: str, what: str = "SCRAM message") -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except ValueError:
-        raise SaslError("bad base64 in SCRAM message") from None
+        raise SaslError(f"bad base64 in {what}") from None
 
 
 class _Keys:
@@ -153,22 +168,31 @@ class ScramClient:
         """The client-final message with the proof (sent as the SASL_STEP value).
 
         Raises:
-            SaslError: the server-first message is malformed or its nonce does not extend ours.
+            SaslError: the server-first message is malformed (an attribute missing, bad base64, an empty
+                salt, an iteration count outside 1..:data:`MAX_ITERATIONS`) or its nonce does not extend ours.
         """
         text = _decode(server_first)
         attrs = _attributes(text)
-        if "m" in attrs or not {"r", "s", "i"} <= set(attrs):
-            raise SaslError("malformed server-first message")
+        if "m" in attrs:
+            raise SaslError("malformed server-first message (mandatory extension m= not supported)")
+        missing = [a for a in ("r", "s", "i") if a not in attrs]
+        if missing:
+            raise SaslError(f"malformed server-first message (no {', '.join(a + '=' for a in missing)})")
         nonce = attrs["r"]
         if not nonce.startswith(self._nonce) or len(nonce) == len(self._nonce):
             raise SaslError("server nonce does not extend the client nonce")
-        try:
-            iterations = int(attrs["i"])
-        except ValueError:
-            raise SaslError("bad iteration count") from None
+        count = attrs["i"]
+        if not _DIGITS.fullmatch(count):
+            raise SaslError("bad iteration count (not a number)")
+        if len(count) > 12 or int(count) > MAX_ITERATIONS:
+            shown = count if len(count) <= 20 else f"{count[:12]}... ({len(count)} digits)"
+            raise SaslError(f"iteration count {shown} above the limit {MAX_ITERATIONS}")
+        iterations = int(count)
         if iterations <= 0:
-            raise SaslError("bad iteration count")
-        salt = _b64decode(attrs["s"])
+            raise SaslError("bad iteration count 0")
+        salt = _b64decode(attrs["s"], "the salt")
+        if not salt:
+            raise SaslError("empty salt")
         without_proof = f"c={base64.b64encode(_GS2_HEADER.encode()).decode()},r={nonce}"
         auth_message = f"{self._client_first_bare},{text},{without_proof}".encode()
         k = self._keys
@@ -180,20 +204,32 @@ class ScramClient:
         self._salted = salted
         return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
 
-    def verify(self, server_final: bytes) -> bool:
-        """True iff the server-final message carries the expected server signature."""
+    def check(self, server_final: bytes) -> None:
+        """Check the server-final message; returns if it carries the expected server signature.
+
+        Raises:
+            SaslError: why not: out of order, malformed, a server error (``e=``), bad base64 or a wrong signature.
+        """
         if self._auth_message is None or self._salted is None:
-            return False
-        try:
-            attrs = _attributes(_decode(server_final))
-            if "v" not in attrs:
-                return False
-            got = _b64decode(attrs["v"])
-        except SaslError:
-            return False
+            raise SaslError("server-final before the client-final message")
+        attrs = _attributes(_decode(server_final))
+        if "e" in attrs:
+            raise SaslError(f"the server reports an error: {attrs['e']}")
+        if "v" not in attrs:
+            raise SaslError("malformed server-final message (no v=)")
+        got = _b64decode(attrs["v"], "the server signature")
         k = self._keys
         want = k.hmac(k.hmac(self._salted, b"Server Key"), self._auth_message)
-        return hmac.compare_digest(got, want)
+        if not hmac.compare_digest(got, want):
+            raise SaslError("the server's signature does not verify")
+
+    def verify(self, server_final: bytes) -> bool:
+        """True iff the server-final message carries the expected server signature (:meth:`check` says why not)."""
+        try:
+            self.check(server_final)
+        except SaslError:
+            return False
+        return True
 
 
 class ScramServer:

@@ -13,7 +13,7 @@ From synchronous code::
         sim.failover(0, lose=5)                         # marshalled onto the simulator's loop
 
 Command line: ``dcpinspect sim --port 0`` prints ``listening on HOST:PORT`` first
-and runs until SIGINT/SIGTERM.
+(``[HOST]:PORT`` for IPv6) and runs until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import threading
@@ -32,6 +33,13 @@ from .producer import Bucket, Cluster, ProducerConnection
 __all__ = ["SCENARIOS", "Simulator", "SimulatorThread", "command"]
 
 T = TypeVar("T")
+
+#: vbucket ids are 16 bits: at most this many vbuckets
+MAX_VBUCKETS = 1 << 16
+#: default :attr:`Simulator.backlog_limit`
+BACKLOG_LIMIT = 1 << 20
+#: environment variable with USER:PASS credentials (comma- or newline-separated), for ``dcpinspect sim``
+USERS_ENV = "DCPINSPECT_SIM_USERS"
 
 Scenario = Callable[["Simulator"], Awaitable[None]]
 
@@ -52,6 +60,13 @@ class Simulator:
         idle_timeout: §7.6 dcp_idle_timeout.
         slow_after: seconds a full flow-control window may last before streams end Slow (``None``: never).
         checkpoint_items: seqnos per memory snapshot.
+        backlog_limit: bytes of output per connection above which the simulator stops reading that
+            client's requests until it has read its replies (backpressure); the same bound applies to
+            output the connection produces but has not written yet, DCP streams included.  Queued
+            output stays below about twice this plus one reply.
+        on_reading_paused: called with the connection each time its reading stops for backpressure.
+
+    :attr:`peak_backlog` is the largest transport write buffer seen on any connection after a write.
     """
 
     def __init__(
@@ -69,9 +84,15 @@ class Simulator:
         idle_timeout: float = 360.0,
         slow_after: float | None = None,
         checkpoint_items: int = 50,
+        backlog_limit: int = BACKLOG_LIMIT,
+        on_reading_paused: Callable[[ProducerConnection], None] | None = None,
     ) -> None:
         if scenario is not None and scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
+        if not 1 <= vbuckets <= MAX_VBUCKETS:
+            raise ValueError(f"vbuckets must be 1..{MAX_VBUCKETS} (vbucket ids are 16 bits), not {vbuckets}")
+        if backlog_limit < 1:
+            raise ValueError("backlog_limit must be positive")
         self.host = host
         self.port = port
         self.scenario = scenario
@@ -81,10 +102,14 @@ class Simulator:
             idle_timeout=idle_timeout,
             slow_after=slow_after,
             checkpoint_items=checkpoint_items,
+            output_limit=backlog_limit,
         )
         self.bucket: Bucket = self.cluster.create_bucket(bucket, vbuckets=vbuckets, items=items)
         self.rng = random.Random(seed)
         self.tick_interval = tick
+        self.backlog_limit = backlog_limit
+        self.on_reading_paused = on_reading_paused
+        self.peak_backlog = 0
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -157,17 +182,29 @@ class Simulator:
     # --- connections -------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        conn = ProducerConnection(self.cluster, peer=f"{peer[0]}:{peer[1]}" if peer else "", now=self._now())
+        conn = ProducerConnection(self.cluster, peer=_host_port(str(peer[0]), int(peer[1])) if peer else "", now=self._now())
+        # drain() waits while the transport holds more than this (and until it is down to a quarter)
+        writer.transport.set_write_buffer_limits(high=self.backlog_limit)
         wake = asyncio.Event()
+        readable = asyncio.Event()  # set by the writer: the output is drained and every request handled
+        readable.set()
         self._conns[conn] = (writer, wake)
-        out = self._spawn(self._writer(conn, writer, wake))
+        out = self._spawn(self._writer(conn, writer, wake, readable))
         try:
             while not conn.closed:
+                if not readable.is_set():
+                    # backpressure: a client that does not read its replies is not read either
+                    if self.on_reading_paused is not None:
+                        self.on_reading_paused(conn)
+                    await readable.wait()
+                    continue
                 data = await reader.read(65536)
                 if not data:
                     conn.close("client closed the connection")
                     break
                 conn.receive(data, self._now())
+                if not conn.want_read or writer.transport.get_write_buffer_size() > self.backlog_limit:
+                    readable.clear()
                 wake.set()
         except (ConnectionError, OSError):
             conn.close("connection reset")
@@ -177,7 +214,8 @@ class Simulator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await out
 
-    async def _writer(self, conn: ProducerConnection, writer: asyncio.StreamWriter, wake: asyncio.Event) -> None:
+    async def _writer(self, conn: ProducerConnection, writer: asyncio.StreamWriter, wake: asyncio.Event, readable: asyncio.Event) -> None:
+        """The only task that writes to ``writer``: every write is preceded by a drain that returned."""
         try:
             while True:
                 await wake.wait()
@@ -186,7 +224,10 @@ class Simulator:
                     data = conn.data_to_send()
                     if data:
                         writer.write(data)
-                        await writer.drain()
+                        self.peak_backlog = max(self.peak_backlog, writer.transport.get_write_buffer_size())
+                    await writer.drain()  # returns at once unless the transport holds more than backlog_limit
+                    if conn.want_read:
+                        readable.set()
                     if conn.closed or not conn.want_write:
                         break
                     conn.pump(self._now())
@@ -196,6 +237,7 @@ class Simulator:
             conn.close("connection reset")
         finally:
             self._conns.pop(conn, None)
+            readable.set()  # a reader waiting for the output sees the connection closed
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -269,6 +311,11 @@ class Simulator:
         self.kick()
         for _writer, wake in self._conns.values():
             wake.set()
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:11210``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class SimulatorThread:
@@ -433,34 +480,86 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
 # command line
 
 
+def _vbucket_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= n <= MAX_VBUCKETS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_VBUCKETS} (vbucket ids are 16 bits), not {n}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dcpinspect sim", description="Run a simulated Couchbase data node (DCP producer).")
+    p = argparse.ArgumentParser(
+        prog="dcpinspect sim",
+        description="Run a simulated Couchbase data node (DCP producer).",
+        epilog=(
+            "Credentials: --users USER:PASS is visible to every local user in the process list; prefer "
+            f"--users-file PATH (one USER:PASS per line) or the environment variable {USERS_ENV} (USER:PASS entries "
+            "separated by commas or newlines). All three may be combined; without any, Administrator:password."
+        ),
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, required=True, help="port (0: pick a free one)")
     p.add_argument("--bucket", default="default", help="bucket name")
-    p.add_argument("--vbuckets", type=int, default=4, help="number of vbuckets")
+    p.add_argument("--vbuckets", type=_vbucket_count, default=4, help=f"number of vbuckets, 1..{MAX_VBUCKETS} (default 4)")
     p.add_argument("--items", type=int, default=100, help="documents loaded at start")
-    p.add_argument("--users", nargs="+", action="extend", metavar="USER:PASS", help="credentials (default Administrator:password)")
+    p.add_argument(
+        "--users",
+        nargs="+",
+        action="extend",
+        metavar="USER:PASS",
+        help="credentials (default Administrator:password; shown in the process list: see --users-file)",
+    )
+    p.add_argument("--users-file", metavar="PATH", help="read credentials from this file, one USER:PASS per line ('#' comments)")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), help="scripted scenario")
     p.add_argument("--seed", type=int, default=0, help="seed for UUIDs and scenario choices")
     return p
 
 
-def command(argv: list[str], *, out: TextIO) -> int:
-    """``dcpinspect sim``: serve until SIGINT/SIGTERM; the first output line is ``listening on HOST:PORT``."""
+def _credentials(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """USER -> PASS from ``--users``, ``--users-file`` and :data:`USERS_ENV` (``ValueError``: which entry is bad; no password shown)."""
+    entries: list[tuple[str, str]] = [("--users", e) for e in args.users or ()]
+    if args.users_file is not None:
+        try:
+            with open(args.users_file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read --users-file {args.users_file}: {getattr(exc, 'strerror', None) or exc}") from None
+        entries += [
+            (f"--users-file line {i}", line.strip())
+            for i, line in enumerate(lines, 1)
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    env = environ.get(USERS_ENV)
+    if env:
+        entries += [(USERS_ENV, e.strip()) for e in env.replace("\n", ",").split(",") if e.strip()]
+    users: dict[str, str] = {}
+    for where, entry in entries:
+        user, sep, password = entry.partition(":")
+        if not sep or not user:
+            raise ValueError(f"{where} takes USER:PASS, got {user!r}")  # the password is never echoed
+        users[user] = password
+    return users or {"Administrator": "password"}
+
+
+def command(argv: list[str], *, out: TextIO, environ: Mapping[str, str] | None = None) -> int:
+    """``dcpinspect sim``: serve until SIGINT/SIGTERM; the first output line is ``listening on HOST:PORT``.
+
+    ``environ`` (default ``os.environ``) is where :data:`USERS_ENV` is looked up.
+    """
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    users: dict[str, str] = {}
-    for spec_ in args.users or ["Administrator:password"]:
-        user, sep, password = spec_.partition(":")
-        if not sep or not user:
-            out.write(f"dcpinspect sim: error: --users takes USER:PASS, got {user!r}\n")  # password never echoed
-            return 2
-        users[user] = password
-    if args.vbuckets < 1 or args.items < 0 or not 0 <= args.port <= 65535:
-        out.write("dcpinspect sim: error: --vbuckets >= 1, --items >= 0, 0 <= --port <= 65535\n")
+    try:
+        users = _credentials(args, os.environ if environ is None else environ)
+    except ValueError as exc:
+        out.write(f"dcpinspect sim: error: {exc}\n")
+        return 2
+    if args.items < 0 or not 0 <= args.port <= 65535:
+        out.write("dcpinspect sim: error: --items >= 0, 0 <= --port <= 65535\n")
         return 2
     sim = Simulator(
         host=args.host,
@@ -477,10 +576,10 @@ def command(argv: list[str], *, out: TextIO) -> int:
         try:
             await sim.start()
         except OSError as exc:
-            out.write(f"dcpinspect sim: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}\n")
+            out.write(f"dcpinspect sim: error: cannot listen on {_host_port(args.host, args.port)}: {exc.strerror or exc}\n")
             out.flush()
             return 1
-        out.write(f"listening on {sim.host}:{sim.port}\n")
+        out.write(f"listening on {_host_port(sim.host, sim.port)}\n")
         out.flush()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

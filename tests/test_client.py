@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dcpinspect import FrameDecoder, encode
 from dcpinspect.client import ClientError, DcpClient, command, load_state, record_json, run_client, run_client_sync
 from dcpinspect.consumer import ConsumerConfig, ConsumerEvent, ResumeState
 from dcpinspect.records import Record, read_records
@@ -220,10 +221,9 @@ def test_stop_from_inside_a_running_loop_and_sync_use(tmp_path: Path) -> None:
         async with Node(cl) as node:
             client = DcpClient("127.0.0.1", node.port, config(to_latest=False), state_path=tmp_path / "s.json")
             await client.start()
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if client.consumer is not None and all(s.position.seqno == highs(bucket)[vb] for vb, s in client.consumer.streams.items()):
-                    break
+            want = highs(bucket)
+            # every vbucket listed and caught up (not "all()" over a stream table still empty)
+            await client.until(lambda c: {vb: s.position.seqno for vb, s in c.streams.items()} == want)
             return await client.stop()
 
     state = run(main())
@@ -388,23 +388,17 @@ def test_simulator_failover_while_streaming_rerequests_and_rolls_back() -> None:
             client = DcpClient(s.host, s.port, config(to_latest=False, vbuckets=(0, 1)), on_event=evs.append)
             await client.start()
 
-            async def until(cond: Any) -> None:
-                for _ in range(500):
-                    if cond():
-                        return
-                    await asyncio.sleep(0.01)
-                raise AssertionError(f"timed out; events: {[str(e) for e in evs if e.kind not in ('mutation', 'checkpoint')]}")
+            def caught_up(c: Any) -> bool:
+                return all(
+                    st.status == "streaming" and st.position.seqno == s.bucket.vbuckets[vb].high_seqno for vb, st in c.streams.items()
+                )
 
-            def caught_up() -> bool:
-                c = client.consumer
-                return c is not None and all(st.position.seqno == s.bucket.vbuckets[vb].high_seqno for vb, st in c.streams.items())
-
-            await until(caught_up)
+            await client.until(caught_up)
             s.failover(0, lose=3)
-            await until(lambda: any(e.kind == "rollback" for e in evs) and caught_up())
+            await client.until(lambda c: any(e.kind == "rollback" for e in evs) and caught_up(c))
             for i in range(20):
                 s.mutate(f"after-{i}", i)
-            await until(caught_up)
+            await client.until(caught_up)
             state = await client.stop()
             kinds = [e.kind for e in evs]
             assert "stream_end" in kinds and "rerequest" in kinds and "malformed" not in kinds
@@ -461,13 +455,21 @@ def test_simulator_held_acks_stall_the_stream_until_released() -> None:
             evs: list[ConsumerEvent] = []
             client = DcpClient(s.host, s.port, config(vbuckets=(0,), buffer_size=1024), on_event=evs.append, hold_acks=True, tick=0.02)
             await client.start()
-            for _ in range(300):
-                c = client.consumer
-                if c is not None and c.unacked >= 1024:
-                    break
-                await asyncio.sleep(0.01)
-            assert client.consumer is not None and client.consumer.hold_acks
-            await asyncio.sleep(0.2)
+
+            def window_full_and_all_received(c: Any) -> bool:
+                # the producer stopped on a full window, and every byte it charged to it has arrived
+                conns = s.connections
+                return (
+                    len(conns) == 1
+                    and conns[0].buffer_size > 0
+                    and conns[0].bytes_outstanding >= conns[0].buffer_size
+                    and c.consumed_total == conns[0].bytes_outstanding
+                )
+
+            await client.until(window_full_and_all_received)
+            assert client.consumer is not None and client.consumer.hold_acks and client.consumer.unacked >= 1024
+            s.kick()  # the producer is asked for more: the full window holds it back
+            assert s.connections[0].bytes_outstanding == client.consumer.consumed_total
             stalled = client.consumer.streams[0].position.seqno
             assert stalled < s.bucket.vbuckets[0].high_seqno and not any(e.kind == "buffer_ack" for e in evs)
             client.hold_acks = False
@@ -492,11 +494,7 @@ def test_simulator_stop_with_send_stream_end_on_client_close_stream_sees_closed(
             cfg = config(to_latest=False, vbuckets=(0, 1), controls=(("send_stream_end_on_client_close_stream", "true"),))
             client = DcpClient(s.host, s.port, cfg, on_event=evs.append, on_record=records.append)
             await client.start()
-            for _ in range(500):
-                c = client.consumer
-                if c is not None and all(st.status == "streaming" for st in c.streams.values()) and len(c.streams) == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await client.until(lambda c: len(c.streams) == 2 and all(st.status == "streaming" for st in c.streams.values()))
             await client.stop()
             ends = [e for e in evs if e.kind == "stream_end"]
             assert sorted(e.vbucket for e in ends) == [0, 1] and {e.message for e in ends} == {"Closed"}
@@ -505,3 +503,66 @@ def test_simulator_stop_with_send_stream_end_on_client_close_stream_sees_closed(
             await s.stop()
 
     run(main())
+
+
+# --- what the client keeps on a long stream ----------------------------------------------------------
+
+
+def test_the_client_keeps_no_records_however_many_frames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without on_record the frames are not kept (they were: 160 MB at 300k mutations); the consumer's tables stay per-vbucket."""
+    import dcpinspect.client as client_mod
+
+    made: list[Any] = []
+
+    class Spy(client_mod.LiveCapture):  # type: ignore[misc,name-defined]
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            made.append(self)
+
+    monkeypatch.setattr(client_mod, "LiveCapture", Spy)
+    cl, _bucket = cluster(items=1500, vbuckets=2)
+
+    async def main(**kw: Any) -> DcpClient:
+        async with Node(cl) as node:
+            client = DcpClient("127.0.0.1", node.port, config(), **kw)
+            await client.run()
+            return client
+
+    client = run(main())  # as `dcpinspect client` without --json or --pcap: nothing turns frames into records
+    assert made == []
+    c = client.consumer
+    assert c is not None and sum(st.counts["mutation"] for st in c.streams.values()) == 1500
+    assert len(c.streams) == 2 and len(c.state.vbuckets) == 2 and not c._pending and not c._by_opaque and not c.data_to_send()
+    run(main(pcap=tmp_path / "c.pcap"))  # with --pcap: records are made for the file, and dropped
+    assert len(made) == 1 and made[0].records == []
+    assert sum(r.event.name == "DCP_MUTATION" for r in read_records([str(tmp_path / "c.pcap")])) == 1500  # type: ignore[union-attr]
+
+
+def test_cli_summary_escapes_the_servers_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error body with control characters reaches the terminal escaped, like every other output."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        dec = FrameDecoder()
+        while data := await reader.read(4096):
+            for f in dec.feed(data):
+                name = {0x1F: "HELLO", 0x20: "SASL_LIST_MECHS"}.get(f.opcode)  # type: ignore[union-attr]
+                if name == "HELLO":
+                    writer.write(encode(name, response=True, opaque=f.opaque, value={"features": []}))  # type: ignore[union-attr]
+                elif name:
+                    writer.write(encode(name, response=True, opaque=f.opaque, value=b"EVIL\x1b]0;owned\x07\x1b[2J"))  # type: ignore[union-attr]
+        writer.close()
+
+    async def main() -> tuple[int, str]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        monkeypatch.setenv("DCPINSPECT_PASSWORD", PASSWORD)
+        err = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        try:
+            rc = await asyncio.to_thread(command, [f"127.0.0.1:{port}", "--bucket", "b", "--user", "u"], out=io.StringIO())
+        finally:
+            server.close()
+        return rc, err.getvalue()
+
+    rc, err = run(main())
+    assert rc == 2 and "\\x1b]0;owned\\x07" in err and "\x1b" not in err and "\x07" not in err

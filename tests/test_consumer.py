@@ -698,7 +698,6 @@ def test_malformed_frames_become_events() -> None:
         encode("DCP_SNAPSHOT_MARKER", extras=b"\x00\x09", opaque=o),
         encode("DCP_STREAM_END", extras=b"", opaque=o),
         encode("DCP_NOOP", overrides={"body_length": 3}) + b"abc",
-        b"\xff" * 30,
         encode("DCP_STREAM_REQ", response=True, opaque=o, value=b"\x01\x02"),  # stale / odd
         encode("DCP_MUTATION", extras={"by_seqno": 1}, key="k", cid=0, opaque=0xDEAD),  # no such stream
         encode("HELLO", response=True, opaque=0x7777),
@@ -706,8 +705,12 @@ def test_malformed_frames_become_events() -> None:
     for frame in bad:
         s.reply(frame)
     kinds = s.kinds()
-    assert kinds.count("malformed") >= 4 and "unexpected" in kinds
+    assert kinds.count("malformed") >= 3 and "unexpected" in kinds and not s.c.done
     s.sent()  # whatever was answered dissects cleanly
+    # bytes that are not frames: the framing is lost, replies and stream ends may be gone - the connection fails
+    s.reply(b"\xff" * 30, encode("DCP_NOOP", opaque=5))
+    assert s.c.phase == Phase.FAILED and "not frames" in (s.c.failure or "")
+    assert s.sent() == []  # nothing acted upon after the failure (the noop is not answered)
 
 
 def test_random_bytes_never_raise() -> None:
@@ -790,3 +793,137 @@ def test_against_the_producer_with_scram_and_stream_ids() -> None:
     assert c.phase == Phase.DONE, c.failure
     assert c.mechanism == "SCRAM-SHA512" and c.context.stream_ids
     assert [e.kind for e in evs].count("mutation") == 30
+
+
+# --- hostile bootstrap replies: every path ends in an error or a timeout ---------------------------
+
+
+def _to_scram_first(mech: str = "SCRAM-SHA256", **kw) -> tuple[Server, Dissection, str]:
+    s = Server(cfg(**kw))
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=mech.encode()))
+    auth = s.one("SASL_AUTH")
+    nonce = auth.frame.value.decode().split("r=", 1)[1]
+    return s, auth, nonce
+
+
+@pytest.mark.parametrize("iterations", [10**30, 2**31 - 1, 100_001])
+def test_scram_iteration_count_above_the_limit_fails_at_once(iterations: int) -> None:
+    """A server-first with i=10**30 made pbkdf2 raise after the request had left the pending set: the client hung."""
+    s, auth, nonce = _to_scram_first()
+    s.reply(resp("SASL_AUTH", auth, status=0x21, value=f"r={nonce}srv,s=QUJDRA==,i={iterations}".encode()))
+    assert s.c.phase == Phase.FAILED and "above the limit 100000" in (s.c.failure or "")
+    assert [e.kind for e in s.events[-2:]] == ["auth_failed", "error"]
+
+
+@pytest.mark.parametrize(
+    ("server_first", "why"),
+    [
+        ("r={n}srv,s=QUJDRA==", "no i="),
+        ("s=QUJDRA==,i=4096", "no r="),
+        ("r={n}srv,i=4096", "no s="),
+        ("r={n}srv,s=not*base64,i=4096", "bad base64 in the salt"),
+        ("r={n}srv,s=,i=4096", "empty salt"),
+        ("r=someone-else,s=QUJDRA==,i=4096", "does not extend"),
+        ("r={n},s=QUJDRA==,i=4096", "does not extend"),
+        ("r={n}srv,s=QUJDRA==,i=0", "bad iteration count"),
+        ("r={n}srv,s=QUJDRA==,i=-5", "bad iteration count"),
+        ("r={n}srv,s=QUJDRA==,i=4096,m=ext", "not supported"),
+        ("garbage", "malformed SCRAM attribute"),
+    ],
+)
+def test_malformed_scram_server_first_is_a_clear_error(server_first: str, why: str) -> None:
+    s, auth, nonce = _to_scram_first()
+    s.reply(resp("SASL_AUTH", auth, status=0x21, value=server_first.format(n=nonce).encode()))
+    assert s.c.phase == Phase.FAILED and why in (s.c.failure or ""), s.c.failure
+    assert s.sent() == []
+
+
+@pytest.mark.parametrize(
+    ("server_final", "why"),
+    [
+        (b"", "malformed SCRAM attribute"),
+        (b"x=1", "no v="),
+        (b"v=***", "bad base64 in the server signature"),
+        (b"e=invalid-proof", "reports an error: invalid-proof"),
+        (b"v=AAAA", "does not verify"),
+    ],
+)
+def test_malformed_scram_server_final_is_a_clear_error(server_final: bytes, why: str) -> None:
+    s, auth, _ = _to_scram_first()
+    server = ScramServer("SCRAM-SHA256", {"alice": PASSWORD}, iterations=64)
+    s.reply(resp("SASL_AUTH", auth, status=0x21, value=server.first(auth.frame.value)))
+    step = s.one("SASL_STEP")
+    server.final(step.frame.value)
+    s.reply(resp("SASL_STEP", step, value=server_final))
+    assert s.c.phase == Phase.FAILED and why in (s.c.failure or ""), s.c.failure
+
+
+def test_any_exception_in_a_reply_handler_fails_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_a: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(DcpConsumer, "_on_select_bucket", broken)
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH")))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET")))
+    assert s.c.phase == Phase.FAILED and s.c.failure == "cannot handle the SELECT_BUCKET reply: RuntimeError: boom"
+
+
+def test_a_bootstrap_with_nothing_pending_still_times_out() -> None:
+    """Safety net: a bootstrap phase that waits for nothing (a mishandled reply) ends after the response timeout."""
+    s = Server(cfg(response_timeout=5))
+    s.one("HELLO")
+    s.c._pending.clear()
+    assert s.c.tick(4) == [] and not s.c.done
+    assert s.c.tick(6)[0].kind == "error" and "stalled" in (s.c.failure or "")
+
+
+def test_a_stream_request_never_answered_fails_that_vbucket_after_the_response_timeout() -> None:
+    """Without noops (rejected) nothing else would ever end the wait."""
+    s = bootstrap(cfg(vbuckets=(0, 1), response_timeout=5), reject=("enable_noop",))
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    accept(s, reqs[0], [(1, 0)])
+    s.reply(marker(reqs[0], 0, 1), mutation(reqs[0], 1), stream_end(reqs[0]))
+    assert s.c.streams[0].status == "ended" and not s.c.done
+    assert s.c.tick(s.now + 4) == [] and not s.c.done
+    evs = s.c.tick(s.now + 6)
+    assert s.c.streams[1].status == "failed" and "no reply to the stream request" in (s.c.streams[1].error or "")
+    assert s.c.phase == Phase.DONE and "done" in [e.kind for e in evs]
+    s.reply(resp("DCP_STREAM_REQ", reqs[1], value=[(2, 0)]))  # a late answer changes nothing
+    assert s.c.streams[1].status == "failed" and s.kinds()[-1] == "unexpected"
+
+
+def test_a_stat_reply_that_never_ends_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dcpinspect.consumer as consumer_mod
+
+    monkeypatch.setattr(consumer_mod, "_MAX_STAT_KEYS", 10)
+    s = Server(cfg(to_latest=True))
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH")))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET")))
+    s.reply(resp("GET_ALL_VB_SEQNOS", s.one("GET_ALL_VB_SEQNOS"), status=0x81))
+    stat = s.one("STAT")
+    s.reply(*(resp("STAT", stat, key=f"vb_{i}:high_seqno", value=b"1") for i in range(11)))
+    assert s.c.phase == Phase.FAILED and "more than 10 keys" in (s.c.failure or "")
+
+
+def test_server_text_in_errors_is_escaped() -> None:
+    evil = "\x1b]0;owned\x07\x1b[2J"
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=f"EVIL{evil}".encode()))
+    assert s.c.phase == Phase.FAILED and "\\x1b]0;owned\\x07" in (s.c.failure or "")
+    s = Server(cfg())
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": []}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH"), status=0x20, value=evil.encode()))
+    assert "\\x1b[2J" in (s.c.failure or "")
+    s = bootstrap(cfg())
+    s.reply(resp("DCP_STREAM_REQ", stream_req(s), status=0x07, value=evil.encode()))
+    assert "\\x1b]0;owned" in (s.c.streams[0].error or "")
+    for text in [s.c.streams[0].error or ""] + [str(e) for e in s.events]:
+        assert not any(ord(ch) < 0x20 for ch in text), text

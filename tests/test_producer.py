@@ -674,3 +674,44 @@ def test_random_bytes_never_raise() -> None:
         p.conn.receive(bytes(raw) + bytes(rng.randrange(256) for _ in range(rng.randrange(40))), 0.0)
         p.conn.data_to_send()
         assert "internal error" not in p.conn.close_reason
+
+
+# ---------------------------------------------------------------------------
+# bounded output: a client that sends requests and never takes the replies
+
+
+def test_requests_wait_while_the_output_is_backed_up_and_are_answered_in_order_later() -> None:
+    cluster, p = make(items=1, output_limit=8 * 1024)
+    emap = [encode("GET_ERROR_MAP", value=(2).to_bytes(2, "big"), opaque=i) for i in range(1, 201)]  # ~2.4 KB replies
+    reply = len(encode("GET_ERROR_MAP", response=True, value=b"x" * 4000))  # more than one reply
+    p.conn.receive(b"".join(emap), p.now)
+    assert not p.conn.want_read and p.conn.want_write
+    assert p.conn.output_size < cluster.output_limit + reply
+    p.conn.tick(p.now + 1)  # time passing handles nothing more while the output is not taken
+    assert p.conn.output_size < cluster.output_limit + reply
+    opaques: list[int] = []
+    while True:
+        opaques += [d.frame.opaque for d in p.drain()]
+        if not p.conn.want_write:
+            break
+        p.conn.pump(p.now)
+        assert p.conn.output_size < cluster.output_limit + reply
+    assert opaques == list(range(1, 201)) and p.conn.want_read
+
+
+def test_streams_without_flow_control_stop_at_the_output_limit() -> None:
+    cluster, p = make(items=3000, vbuckets=1, output_limit=16 * 1024, max_batch=4096)
+    p.bootstrap(controls={})  # no connection_buffer_size: no flow control
+    p.opaque += 1
+    extras = {"flags": 0, "start_seqno": 0, "end_seqno": FOREVER, "vb_uuid": 0, "snap_start_seqno": 0, "snap_end_seqno": 0}
+    p.conn.receive(encode("DCP_STREAM_REQ", extras=extras, vbucket=0, opaque=p.opaque), p.now)
+    for _ in range(50):  # the edge ticks on while the client takes nothing
+        p.now += 0.05
+        p.conn.tick(p.now)
+        assert p.conn.output_size < cluster.output_limit + cluster.max_batch
+    got = stream_messages(p.drain())
+    assert 0 < len(got) < 3000 and p.conn.want_write  # the rest follows once the output is taken
+    while p.conn.want_write:
+        p.conn.pump(p.now)
+        got += stream_messages(p.drain())
+    assert sum(d.name == "DCP_MUTATION" for d in got) == 3000

@@ -107,3 +107,35 @@ def test_mechanisms_strongest_first_and_secret_free_repr() -> None:
 
 def test_module_doctest() -> None:
     assert doctest.testmod(sasl).failed == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hostile server messages (the client side): every malformed message is a SaslError saying why,
+# and an iteration count the client would spend minutes on is refused before any hashing.
+
+
+@pytest.mark.parametrize("count", ["100001", str(2**31 - 1), "1" + "0" * 30, "9" * 5000])
+def test_scram_client_refuses_iteration_counts_above_the_limit(count: str) -> None:
+    client = ScramClient("SCRAM-SHA512", "user", "pencil", nonce="abc")
+    with pytest.raises(SaslError, match=f"above the limit {sasl.MAX_ITERATIONS}"):
+        client.final(f"r=abcdef,s=QUJDRA==,i={count}".encode())
+
+
+def test_scram_client_accepts_the_limit_and_the_usual_count() -> None:
+    assert sasl.MAX_ITERATIONS == 100_000
+    server = ScramServer("SCRAM-SHA1", USERS, iterations=4096)
+    client = ScramClient("SCRAM-SHA1", "Administrator", "password")
+    assert client.verify(server.final(client.final(server.first(client.first()))))
+
+
+def test_scram_client_check_says_why_the_server_final_is_refused() -> None:
+    client = ScramClient("SCRAM-SHA256", "Administrator", "password")
+    with pytest.raises(SaslError, match="before the client-final"):
+        client.check(b"v=AAAA")
+    server = ScramServer("SCRAM-SHA256", USERS, iterations=64)
+    good = server.final(client.final(server.first(client.first())))
+    client.check(good)
+    for bad, why in [(b"e=other-error", "reports an error"), (b"x=1", "no v="), (b"v=!!", "bad base64"), (b"v=AAAA", "does not verify")]:
+        with pytest.raises(SaslError, match=why):
+            client.check(bad)
+        assert not client.verify(bad)

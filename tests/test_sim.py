@@ -205,3 +205,102 @@ def test_cli_prints_listening_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- backpressure: a client that writes requests and never reads --------------------------------
+
+
+def test_a_client_that_never_reads_is_not_read_either_and_the_output_stays_bounded() -> None:
+    """The simulator stops reading a connection whose replies are not read: its write buffer stays bounded."""
+    limit = 64 * 1024
+    error_map = encode("GET_ERROR_MAP", value=(2).to_bytes(2, "big"))  # a 26-byte request, a ~2.4 KB reply (no auth needed)
+    count = 4000  # ~10 MB of replies if all were answered
+
+    async def main() -> None:
+        paused = asyncio.Event()
+        sim = Simulator(items=1, vbuckets=1, backlog_limit=limit, on_reading_paused=lambda conn: paused.set())
+        async with sim:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # little room in the kernel for what is never read
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (sim.host, sim.port))
+            _reader, writer = await asyncio.open_connection(sock=sock)
+            writer.write(error_map * count)  # and never read
+            await asyncio.wait_for(paused.wait(), 10)  # safety net only; the event is the condition
+            (conn,) = sim.connections
+            assert not conn.want_read or conn.output_size == 0
+            reply = 2369 + 1024  # one reply, with slack for the size of the error map
+            assert 0 < sim.peak_backlog <= 2 * limit + reply
+            assert conn.output_size < limit + reply
+            assert conn.sent_frames < count  # it stopped answering: the rest waits unread in the kernel
+            writer.close()
+
+    run(main())
+
+
+# --- command line: vbucket count, IPv6 address, credentials outside the process list ---------------
+
+
+def test_vbucket_count_is_16_bit(capsys) -> None:
+    from dcpinspect.sim import MAX_VBUCKETS, _parser
+
+    assert MAX_VBUCKETS == 65536 and _parser().parse_args(["--port", "0", "--vbuckets", "65536"]).vbuckets == 65536
+    for bad in ("70000", "65537", "0", "-1", "x"):
+        assert command(["--port", "0", "--vbuckets", bad], out=io.StringIO()) == 2
+        assert "--vbuckets" in capsys.readouterr().err
+    try:
+        Simulator(vbuckets=70000)
+    except ValueError as exc:
+        assert "1..65536" in str(exc)
+    else:
+        raise AssertionError("70000 vbuckets accepted")
+
+
+def test_ipv6_addresses_are_shown_in_brackets() -> None:
+    from dcpinspect.sim import _host_port
+
+    assert _host_port("::1", 11210) == "[::1]:11210" and _host_port("127.0.0.1", 5) == "127.0.0.1:5"
+
+    async def main() -> None:
+        try:
+            sim = await Simulator(host="::1", items=1, vbuckets=1).start()
+        except OSError:
+            return  # no IPv6 loopback here
+        try:
+            assert sim.host == "::1"
+            reader, writer = await asyncio.open_connection(sim.host, sim.port)
+            writer.write(encode("NOOP", opaque=1))
+            assert (await reader.readexactly(24))[:2] == b"\x81\x0a"
+            assert sim.connections[0].peer.startswith("[::1]:")
+            writer.close()
+        finally:
+            await sim.stop()
+
+    run(main())
+
+
+def test_users_from_a_file_and_the_environment(tmp_path: Path) -> None:
+    from dcpinspect.sim import USERS_ENV, _credentials, _parser
+
+    f = tmp_path / "users"
+    f.write_text("# comment\nalice:pa:ss\n\n  bob:b0b  \n")
+    args = _parser().parse_args(["--port", "0", "--users", "carol:c", "--users-file", str(f)])
+    users = _credentials(args, {USERS_ENV: "dave:d1,erin:e2\nfrank:f3"})
+    assert users == {"carol": "c", "alice": "pa:ss", "bob": "b0b", "dave": "d1", "erin": "e2", "frank": "f3"}
+    assert _credentials(_parser().parse_args(["--port", "0"]), {}) == {"Administrator": "password"}
+    out = io.StringIO()
+    f.write_text("alice-without-password\n")
+    assert command(["--port", "0", "--users-file", str(f)], out=out, environ={}) == 2
+    assert "--users-file line 1" in out.getvalue()
+    out = io.StringIO()
+    assert command(["--port", "0"], out=out, environ={USERS_ENV: "x:secret-pw,nocolon"}) == 2
+    assert USERS_ENV in out.getvalue() and "secret-pw" not in out.getvalue()
+    out = io.StringIO()
+    assert command(["--port", "0", "--users-file", str(tmp_path / "missing")], out=out, environ={}) == 2
+    assert "cannot read --users-file" in out.getvalue()
+    help_out = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(help_out):
+        command(["--help"], out=io.StringIO())
+    assert "--users-file" in help_out.getvalue() and USERS_ENV in help_out.getvalue()
