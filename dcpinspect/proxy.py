@@ -59,6 +59,7 @@ from typing import Any, TextIO
 
 from .live import LiveCapture, LiveConnection
 from .records import Record
+from .render import safe_text
 
 __all__ = ["TapProxy", "command", "parse_endpoint", "release_memory"]
 
@@ -522,8 +523,6 @@ class TapProxy:
 
 
 def _summary(row: dict[str, Any]) -> str:
-    from .render import safe_text
-
     what = row["name"] if row["type"] == "frame" else row["type"]
     if row["type"] != "frame":
         detail = f"{row['length']} bytes"
@@ -571,7 +570,7 @@ class _Printer:
         self.as_json = as_json
         self.limit = limit
         self.limit_bytes = limit_bytes
-        self.queue: deque[Record] = deque()
+        self.queue: deque[Any] = deque()
         self.queued_bytes = 0
         #: records not printed because the output could not keep up (all time), and not yet announced
         self.dropped = 0
@@ -590,9 +589,15 @@ class _Printer:
         self._thread = threading.Thread(target=self._run, name="dcpinspect-proxy-printer", daemon=True)
         self._thread.start()
 
-    def add(self, rec: Record) -> None:
+    def _size(self, rec: Any) -> int:
+        return int(rec.event.length)
+
+    def _lines(self, batch: list[Any]) -> list[str]:
+        return record_lines(batch, as_json=self.as_json)
+
+    def add(self, rec: Any) -> None:
         """Queue ``rec`` for printing (from any thread); dropped and counted when the queue is full."""
-        n = rec.event.length
+        n = self._size(rec)
         with self._cond:
             if len(self.queue) >= self.limit or self.queued_bytes + n > self.limit_bytes:
                 self.dropped += 1
@@ -621,11 +626,11 @@ class _Printer:
                     if not self.queue and not self._unannounced:
                         return
                     batch = [self.queue.popleft() for _ in range(min(len(self.queue), 4096))]
-                    self.queued_bytes -= sum(r.event.length for r in batch)
+                    self.queued_bytes -= sum(self._size(r) for r in batch)
                     dropped, self._unannounced = self._unannounced, 0
-                lines = record_lines(batch, as_json=self.as_json) if batch else []
+                lines = self._lines(batch) if batch else []
                 if dropped:
-                    lines.append(f"# {dropped} records not shown (the output could not keep up)")
+                    lines.append(self._dropped_line(dropped))
                 self._write("".join(line + "\n" for line in lines))
                 self.printed += len(batch)
         except (BrokenPipeError, OSError, ValueError):
@@ -643,9 +648,43 @@ class _Printer:
             self._fd = None
         return done
 
+    def _dropped_line(self, n: int) -> str:
+        return f"# {n} records not shown (the output could not keep up)"
+
     def summary(self) -> str:
         """``", N records not shown (the output could not keep up)"`` when records were dropped, else ``""``."""
         return f", {self.dropped} records not shown (the output could not keep up)" if self.dropped else ""
+
+
+class _LogLines(_Printer):
+    """The proxy's log lines (stderr) through the same bounded queue and thread: a blocked stderr never stalls forwarding."""
+
+    def __init__(self, out: TextIO, *, prefix: str) -> None:
+        super().__init__(out, as_json=False, limit=1_000, limit_bytes=1024 * 1024)
+        self.prefix = prefix
+
+    def _size(self, rec: Any) -> int:
+        return len(rec)
+
+    def _lines(self, batch: list[Any]) -> list[str]:
+        return [self.prefix + line for line in batch]
+
+    def _dropped_line(self, n: int) -> str:
+        return f"{self.prefix}{n} log lines not shown (stderr could not keep up)"
+
+
+class _QueuedLogHandler(logging.Handler):
+    """A logging handler that never blocks: it queues formatted lines for a :class:`_LogLines` thread."""
+
+    def __init__(self, lines: _LogLines) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.add(safe_text(record.getMessage()))  # peer-controlled text (addresses, errors) escaped
+        except Exception:
+            self.handleError(record)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -674,13 +713,19 @@ def command(argv: list[str], *, out: TextIO) -> int:
     except ValueError as exc:
         sys.stderr.write(f"dcpinspect proxy: error: {exc}\n")
         return 2
+    lines = None
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("dcpinspect proxy: %(message)s"))
-        log.addHandler(handler)
+        lines = _LogLines(sys.stderr, prefix="dcpinspect proxy: ")
+        log.addHandler(_QueuedLogHandler(lines))
         log.setLevel(logging.INFO)
         log.propagate = False
-    return asyncio.run(_run(args, listen, upstream, out))
+    try:
+        return asyncio.run(_run(args, listen, upstream, out))
+    finally:
+        if lines is not None:
+            for h in [h for h in log.handlers if isinstance(h, _QueuedLogHandler) and h.lines is lines]:
+                log.removeHandler(h)
+            lines.close(5.0)
 
 
 async def _run(args: argparse.Namespace, listen: tuple[str, int], upstream: tuple[str, int], out: TextIO) -> int:

@@ -218,6 +218,10 @@ class Recorder:
         """Take one segment; return the records it completed."""
         return self._records(self.reassembler.feed_raw(segment))
 
+    def expire(self, idle_before: int) -> list[Record]:
+        """Close the connections silent since before ``idle_before`` (ns, capture time): the records they held."""
+        return self._records(self.reassembler.expire(idle_before))
+
     def close(self) -> list[Record]:
         """End of input: the records still held (truncated frames, gaps)."""
         if self._closed:

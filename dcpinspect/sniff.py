@@ -60,6 +60,8 @@ QUEUE_LIMIT = 16 * 1024 * 1024
 HOLD_NS = 2_000_000_000
 #: flows (one direction of a connection) tracked for masking (the oldest gives up beyond)
 MAX_FLOWS = 10_000
+IDLE_TIMEOUT = 600.0  # seconds of silence after which a connection is taken as gone (its FIN/RST not seen)
+EXPIRY_CHECK = 10_000_000_000  # ns of capture time between looks for such connections
 
 
 class SniffPermissionError(PermissionError):
@@ -390,8 +392,11 @@ class Sniffer:
         reveal_secrets: bool = False,
         keep_secrets: bool = False,
         label: str | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.iface = iface
+        self.idle_ns = int(idle_timeout * 1e9)  # a connection silent this long (capture time) is closed: its FIN/RST was missed
+        self._next_expiry: int | None = None
         self.ports = frozenset(ports)
         self.pcap = pcap
         self.on_record = on_record
@@ -453,6 +458,11 @@ class Sniffer:
             self._emit(self.recorder.feed(seg._replace(packet=self.segments)))
             if seg.flags & (FIN | RST):
                 self._prune()
+            if self._next_expiry is None or ts >= self._next_expiry:  # now and then, by the packets' own clock
+                if self._next_expiry is not None:
+                    self._emit(self.recorder.expire(ts - self.idle_ns))
+                    self._prune()
+                self._next_expiry = ts + min(self.idle_ns, EXPIRY_CHECK)
             if self.count and self.segments >= self.count:
                 self.done.set()
 
@@ -500,6 +510,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per record (the columns of `frames --json`)")
     p.add_argument("--reveal-secrets", action="store_true", help="show SASL secrets")
     p.add_argument("--keep-secrets", action="store_true", help="write SASL secrets into the pcap unmasked")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT,
+        metavar="S",
+        help=f"take a connection silent for S seconds as gone, its FIN/RST missed (default {IDLE_TIMEOUT:g})",
+    )
     return p
 
 
@@ -524,6 +541,7 @@ def command(argv: list[str], *, out: TextIO) -> int:
         count=args.count,
         reveal_secrets=args.reveal_secrets,
         keep_secrets=args.keep_secrets,
+        idle_timeout=args.idle_timeout,
     )
     try:
         sniffer.start()

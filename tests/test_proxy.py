@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -679,6 +680,54 @@ def test_blocked_output_never_stops_forwarding() -> None:
     finally:
         out.release.set()
     assert printer.close(timeout=30)
+
+
+def test_blocked_stderr_never_blocks_logging() -> None:
+    """The proxy's log lines go through a bounded queue too: a stderr that never returns drops lines, never blocks a caller."""
+    import logging
+
+    from dcpinspect.proxy import _LogLines, _QueuedLogHandler
+
+    err = BlockedOutput()
+    lines = _LogLines(err, prefix="dcpinspect proxy: ")  # type: ignore[arg-type]
+    logger = logging.getLogger("dcpinspect.test-blocked-stderr")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = _QueuedLogHandler(lines)
+    logger.addHandler(handler)
+    try:
+        for i in range(5_000):  # would block on the first line if written on this thread
+            logger.info("connection %d from %s", i, "\x1b[31mpeer")
+        assert err.entered.wait(30)
+        assert lines.dropped > 0 and len(lines.queue) <= lines.limit
+        assert not lines.close(timeout=0.01)
+    finally:
+        logger.removeHandler(handler)
+        err.release.set()
+    assert lines.close(timeout=30)
+
+
+def test_log_lines_are_escaped_and_announce_drops() -> None:
+    import logging
+
+    from dcpinspect.proxy import _LogLines, _QueuedLogHandler
+
+    out = io.StringIO()
+    lines = _LogLines(out, prefix="p: ")
+    lines.dropped = lines._unannounced = 3
+    logger = logging.getLogger("dcpinspect.test-log-lines")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = _QueuedLogHandler(lines)
+    logger.addHandler(handler)
+    try:
+        logger.info("from %s", "\x1b[2Jevil")
+    finally:
+        logger.removeHandler(handler)
+    assert lines.close(timeout=30)
+    text = out.getvalue()
+    assert "\x1b" not in text and "p: from " in text
+    assert "p: 3 log lines not shown (stderr could not keep up)" in text
 
 
 def test_cli_with_stdout_never_read_forwards_and_reports_drops() -> None:

@@ -470,3 +470,32 @@ def test_masker_cram_md5_masked_whole() -> None:
     w.send(_raw(ISN + 1, cram))
     w.masker.close()
     assert w.payloads() == cram[:24] + b"CRAM-MD5" + b"*" * (len(cram) - 32)
+
+
+class _Pkt:
+    """What scapy hands the sniffer: the packet's bytes and its capture time."""
+
+    def __init__(self, raw: bytes, when: float) -> None:
+        self.raw, self.time, self.wirelen = raw, when, len(raw)
+
+    def __bytes__(self) -> bytes:
+        return self.raw
+
+
+def test_a_connection_that_vanished_without_fin_is_expired_by_capture_time() -> None:
+    """A long sniff forgets a connection silent for ``idle_timeout`` (its FIN/RST was missed) and emits what it held."""
+    from dcpinspect.sniff import Sniffer
+
+    got: list[Record] = []
+    sn = Sniffer(ports=(11210,), on_record=got.append, idle_timeout=60)
+    sn.linktype = 1  # Ethernet, as start() would read from the socket
+    half = encode("DCP_NOOP", opaque=7)[:10]  # a frame that never completes
+    sn._packet(_Pkt(_raw(ISN, flags=0x02), 1000.0))
+    sn._packet(_Pkt(_raw(ISN + 1, half), 1000.5))
+    assert got == [] and len(sn.recorder.reassembler._live) == 1
+    other = _raw(1, flags=0x02)
+    later = other[:34] + struct.pack(">H", 40001) + other[36:]  # another client port: a new connection
+    sn._packet(_Pkt(later, 1000.5 + 61))
+    assert [r.event.type for r in got] == ["truncated"]  # the first connection's held bytes, reported
+    assert [c.closed for c in sn.recorder.reassembler.connections][:1] == [True]
+    assert all(40000 not in (a[1], b[1]) for a, b in sn.recorder.reassembler._live)  # only the new connection is live
