@@ -30,7 +30,7 @@ import functools
 import hashlib
 import ipaddress
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -688,6 +688,19 @@ def _noop(opaque: int) -> bytes:
     return struct.pack(">BBHBBHIIQ", 0x80, 0x5C, 0, 0, 0, 0, 0, opaque, 0)
 
 
+def _file_set(directory: str | Path) -> tuple[Path, dict[str, Path], Callable[[str, str, bytes], None]]:
+    """A directory made ready, the ``{name: path}`` of what is written there, and ``put(name, filename, data)``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+
+    def put(name: str, filename: str, data: bytes) -> None:
+        out[name] = directory / filename
+        out[name].write_bytes(data)
+
+    return directory, out, put
+
+
 def write_bad_files(directory: str | Path) -> dict[str, Path]:
     """Write files a capture reader must reject or stop reading cleanly; returns ``{name: path}``.
 
@@ -704,14 +717,7 @@ def write_bad_files(directory: str | Path) -> dict[str, Path]:
     * ``bad_pcapng_block_length``: a pcapng whose 8th packet block (of 14) has
       a total length that is not a multiple of 4 and overruns the file.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Path] = {}
-
-    def put(name: str, filename: str, data: bytes) -> None:
-        out[name] = directory / filename
-        out[name].write_bytes(data)
-
+    directory, out, put = _file_set(directory)
     conn = Conn(msgs=[Msg("c2s" if i % 2 else "s2c", _noop(i)) for i in range(8)])  # 14 records
     good = write_capture(directory / "good.pcap", [conn]).path.read_bytes()
     good_ng = write_capture(directory / "good.pcapng", [conn], fmt="pcapng").path.read_bytes()
@@ -765,14 +771,7 @@ def write_hostile_headers(directory: str | Path) -> dict[str, Path]:
       one bit of it flipped (9 -> 1: 10^-1 s per tick), so every packet time
       is past 2262.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Path] = {}
-
-    def put(name: str, filename: str, data: bytes) -> None:
-        out[name] = directory / filename
-        out[name].write_bytes(data)
-
+    directory, out, put = _file_set(directory)
     conn = Conn(msgs=[Msg("c2s" if i % 2 else "s2c", _noop(i)) for i in range(8)])  # 14 records
     good = write_capture(directory / "good.pcap", [conn]).path.read_bytes()
     shb = struct.pack("<IIIHHq", 0x0A0D0D0A, 0xFFFFFFFC, 0x1A2B3C4D, 1, 0, -1)
