@@ -178,7 +178,7 @@ class Hostile:
 
 @dataclass
 class Outcome:
-    """How a run ended: ``ok`` (every stream ended), ``error`` (the connection failed) or ``hang``."""
+    """How a run ended: ``ok`` (every stream ended), ``error`` (the connection failed), ``waiting`` (see below) or ``hang``."""
 
     kind: str
     message: str = ""
@@ -209,6 +209,20 @@ def _printable(message: str) -> bool:
     return message.isprintable()
 
 
+def _waiting_for_promised_seqnos(cons: DcpConsumer, prod: ProducerConnection) -> bool:
+    """Every open stream has everything the server has and waits for an end it was promised: legal, not a hang.
+
+    A mutated GET_ALL_VB_SEQNOS reply can raise a to-latest client's end seqno
+    past the vbucket's real high seqno; the client then waits, answering
+    noops, exactly as it would for a quiet open-ended stream.
+    """
+    if cons.phase != Phase.STREAMING or prod.closed:
+        return False
+    vbs = prod.cluster.buckets["travel"].vbuckets
+    open_ = [s for s in cons.streams.values() if s.status == "streaming"]
+    return bool(open_) and all(s.position.seqno >= vbs[s.vbucket].high_seqno and s.end_seqno > vbs[s.vbucket].high_seqno for s in open_)
+
+
 def run_sansio(p: Plan, *, response_timeout: float = 1.0, dt: float = 0.05) -> Outcome:
     """One run of the sans-IO consumer against the hostile producer with a fake clock."""
     prod = ProducerConnection(_cluster(p.seed))
@@ -227,6 +241,8 @@ def run_sansio(p: Plan, *, response_timeout: float = 1.0, dt: float = 0.05) -> O
             cons.connection_lost()
         cons.tick(now)
         now += dt
+    if not cons.done and _waiting_for_promised_seqnos(cons, prod):
+        return Outcome("waiting", "streaming: the mutated reply promised seqnos the server never had", now)
     if not cons.done:
         return Outcome("hang", f"phase {cons.phase} after {now:g} s of fake time", now)
     if cons.phase == Phase.FAILED:
@@ -326,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         if rows:
             print(f"{driver}:")
         for kind in rows:
-            cells = ", ".join(f"{o} {counts[driver, kind, o]}" for o in ("ok", "error", "hang") if counts[driver, kind, o])
+            cells = ", ".join(f"{o} {counts[driver, kind, o]}" for o in ("ok", "error", "waiting", "hang") if counts[driver, kind, o])
             print(f"  {kind:<{width}}  {cells}")
     total: Counter[str] = Counter()
     for (_d, _k, o), n in counts.items():

@@ -14,6 +14,12 @@ axes' figure.
   stalls (and :func:`plot_noops`, noop round trips);
 * :func:`plot_opcodes` - frames per opcode over time.
 
+Each draws a bounded number of things (a figure of 65,536 streams would take
+minutes and show nothing): at most :data:`MAX_STREAMS` streams
+(:func:`pick_streams`: those with anomalies or rollbacks first, then the
+busiest), :data:`MAX_CONNS` connections and :data:`MAX_BRANCHES` branches per
+vbucket, and the title says so (``showing 64 of 65,536 streams``).
+
 Colours are Okabe-Ito (colour-blind safe); ``theme="dark"`` draws light on
 dark (the default draws on an opaque white card, readable in both).  Seqnos
 are uint64: 2^64-1 is drawn at the top of the axis and labelled ``max``.
@@ -36,13 +42,17 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from .timeline import MAX_SEQNO, Stream, Timeline, stream_label
+from .timeline import MAX_SEQNO, FlowSample, Stream, Timeline, stream_label
 
 __all__ = [
+    "MAX_BRANCHES",
+    "MAX_CONNS",
+    "MAX_STREAMS",
     "OKABE_ITO",
     "frame_at",
     "frame_at_pixel",
     "frames_of",
+    "pick_streams",
     "plot_branches",
     "plot_flow",
     "plot_noops",
@@ -62,6 +72,10 @@ _THEMES = {
     "dark": {"face": "#1e1e1e", "fg": "#e6e6e6", "grid": "#444444"},
 }
 MAX_POINTS = 20_000  # points per line drawn (longer series are thinned evenly; the ends are kept)
+MAX_STREAMS = 64  # streams drawn per plot (about 10 ms each): see pick_streams
+MAX_CONNS = 16  # connections drawn per flow-control / noop plot (the busiest)
+MAX_BRANCHES = 64  # branch lanes drawn per vbucket (the last seen)
+MAX_ROLLBACK_ARROWS = 200  # rollback arrows drawn per vbucket (the last ones)
 
 _FRAMES: weakref.WeakKeyDictionary[Artist, np.ndarray] = weakref.WeakKeyDictionary()
 
@@ -280,6 +294,13 @@ class _SeqAxis:
             setter(lo, max(hi, max_at * 1.02 + 0.5))
 
 
+def _busiest(by_conn: Mapping[int, Sequence[Any]], n: int) -> list[int]:
+    """The ``n`` connections with the most entries, in connection order."""
+    if len(by_conn) <= n:
+        return sorted(by_conn)
+    return sorted(sorted(by_conn, key=lambda c: (-len(by_conn[c]), c))[:n])
+
+
 def _thin(n: int) -> np.ndarray:
     if n <= MAX_POINTS:
         return np.arange(n)
@@ -294,6 +315,26 @@ def _select(t: Timeline, vbucket: int | None, conn: int | None, streams: Iterabl
         for i, s in enumerate(t.streams)
         if (wanted is None or i in wanted) and (vbucket is None or s.vbucket == vbucket) and (conn is None or s.conn == conn)
     ]
+
+
+def _interest(s: Stream, items: int) -> tuple[int, int, int]:
+    """Sort key of a stream, most interesting first: anomalies and rollbacks, then items."""
+    rollbacks = sum(a.outcome == "rollback" for a in s.attempts)
+    return (-(len(s.anomalies) + rollbacks > 0), -(len(s.anomalies) + rollbacks), -items)
+
+
+def pick_streams(
+    t: Timeline, n: int = MAX_STREAMS, *, among: Iterable[int] | None = None, items: Mapping[int, int] | None = None
+) -> list[int]:
+    """Indices of the ``n`` streams most worth drawing (of ``among``, default all), in order of interest.
+
+    Streams with anomalies or rollbacks come first (most of them first), then
+    the busiest (most items; ``items`` gives true counts by index where the
+    timeline's items were thinned); ties keep the timeline's order.
+    """
+    idx = range(len(t.streams)) if among is None else among
+    count = (lambda i: items.get(i, len(t.streams[i].items))) if items is not None else (lambda i: len(t.streams[i].items))
+    return sorted(idx, key=lambda i: (*_interest(t.streams[i], count(i)), i))[: max(0, n)]
 
 
 # ---------------------------------------------------------------------------
@@ -311,11 +352,16 @@ def plot_seqnos(
     clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
     theme: str = "light",
     bands: bool = True,
+    max_streams: int | None = MAX_STREAMS,
+    stream_items: Mapping[int, int] | None = None,
 ) -> Figure:
     """Seqno over time per stream, with snapshot bands, requests, rollbacks, retries and stream ends.
 
     ``streams`` are indices into ``t.streams`` (as in ``timeline_frames(t)["streams"]``);
-    ``vbucket``/``conn`` narrow the choice.  ``x`` is ``"time"`` (seconds since
+    ``vbucket``/``conn`` narrow the choice; of more than ``max_streams`` (``None``:
+    no limit) the ones :func:`pick_streams` picks are drawn (``stream_items``: true
+    item counts by index where items were thinned) and the title says
+    ``showing N of M streams``.  ``x`` is ``"time"`` (seconds since
     the first frame) or ``"frame"``.  ``clock`` maps frame numbers to
     timestamps (ns), e.g. ``(df.frame, df.ts)`` of the frames table; without it
     the times the timeline knows are used and the rest interpolated.
@@ -328,6 +374,10 @@ def plot_seqnos(
     """
     fig, (a,) = _axes(ax, theme)
     chosen = _select(t, vbucket, conn, streams)
+    total = len(chosen)
+    if max_streams is not None and total > max_streams:
+        keep = set(pick_streams(t, max_streams, among=[i for i, _s in chosen], items=stream_items))
+        chosen = [(i, s) for i, s in chosen if i in keep]
     clk = _Clock(clock if clock is not None else timeline_clock(t), x)
     seq = _SeqAxis(
         [v for _i, s in chosen for v in (s.last_seqno, *(at.start for at in s.attempts), *(at.rollback_seqno for at in s.attempts))]
@@ -406,7 +456,14 @@ def plot_seqnos(
     seq.install(a)
     a.set_xlabel(clk.label)
     a.set_ylabel("seqno")
-    a.set_title("seqnos per stream" if chosen else "seqnos per stream (no streams)")
+    a.set_title(
+        ("seqnos per stream" if chosen else "seqnos per stream (no streams)")
+        + (
+            f" (showing {len(chosen):,} of {total:,} streams: anomalies and rollbacks first, then the busiest)"
+            if total > len(chosen)
+            else ""
+        )
+    )
     _legend(a, theme)
     return fig
 
@@ -436,23 +493,33 @@ def plot_branches(
     seqno); each rollback is a ``v`` at its target, linked to its request.
 
     Without ``vbucket`` every vbucket with a branch or a stream is drawn (up to
-    ``max_vbuckets``, one axes each; an ``ax`` takes only one).  Artists:
+    ``max_vbuckets``, one axes each; an ``ax`` takes only one; the figure's
+    title says how many were left out).  Of a vbucket with more than
+    :data:`MAX_BRANCHES` branches the last seen are drawn, and of its rollbacks
+    the last :data:`MAX_ROLLBACK_ARROWS` get an arrow.  Artists:
     ``branch:UUID`` lines, ``resume:VB`` and ``rollback-target:VB`` scatters.
     """
-    vbs = sorted(set(t.branches) | {s.vbucket for s in t.streams}) if vbucket is None else [vbucket]
-    vbs = vbs[: 1 if ax is not None else max_vbuckets] or [0 if vbucket is None else vbucket]
+    every = sorted(set(t.branches) | {s.vbucket for s in t.streams}) if vbucket is None else [vbucket]
+    vbs = every[: 1 if ax is not None else max_vbuckets] or [0 if vbucket is None else vbucket]
     fig, axes = _axes(ax, theme, rows=len(vbs), size=(9.0, 3.2))
     fg = _THEMES.get(theme, _THEMES["light"])["fg"]
+    per_vb: dict[int, list[Stream]] = {vb: [] for vb in vbs}
+    for s in t.streams:  # one pass over the streams, not one per vbucket
+        if s.vbucket in per_vb:
+            per_vb[s.vbucket].append(s)
     for a, vb in zip(axes, vbs, strict=True):
-        _branch_tree(a, t, vb, fg)
+        _branch_tree(a, t, vb, fg, per_vb[vb])
         _legend(a, theme)
+    if len(every) > len(vbs) and ax is None:
+        fig.suptitle(f"showing {len(vbs)} of {len(every):,} vbuckets", color=fg, fontsize="small")
     return fig
 
 
-def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
-    branches = sorted(t.branches.get(vb, []), key=lambda b: b.order)
-    attempts = [(s, at) for s in t.streams if s.vbucket == vb for at in s.attempts]
-    seen = [s.last_seqno for s in t.streams if s.vbucket == vb and s.last_seqno is not None]
+def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str, streams: list[Stream]) -> None:
+    every = sorted(t.branches.get(vb, []), key=lambda b: b.order)
+    branches = every[-MAX_BRANCHES:]
+    attempts = [(s, at) for s in streams for at in s.attempts]
+    seen = [s.last_seqno for s in streams if s.last_seqno is not None]
     high = t.high_seqnos.get(vb)
     seq = _SeqAxis(
         [b.seqno for b in branches]
@@ -464,7 +531,7 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
     live = sorted((b for b in branches if b.cut_frame is None), key=lambda b: (b.seqno, b.order))
     horizon = max([b.seqno for b in branches] + seen + ([high[1]] if high else []) + [0])
     lane = {b.uuid: b.order for b in branches}
-    unknown = len(branches)
+    unknown = branches[-1].order + 1 if branches else 0  # the lane of uuids in no log seen, above the rest
     # branch extents: to the next live branch above it, or the horizon
     for b in branches:
         later = [o.seqno for o in live if o.seqno > b.seqno]
@@ -489,6 +556,8 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
         if parent is not None:
             a.plot([seq(b.seqno)] * 2, [parent.order, b.order], color=colour, linewidth=1, linestyle=":")
     rx, ry, rf, tx, ty, tf = [], [], [], [], [], []
+    arrows = [at for _s, at in attempts if at.outcome == "rollback" and at.rollback_seqno is not None][-MAX_ROLLBACK_ARROWS:]
+    arrowed = {id(at) for at in arrows}
     for _s, at in attempts:
         y = lane.get(at.uuid)
         if y is None and at.uuid == 0 and branches:
@@ -506,12 +575,13 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
             tx.append(seq(at.rollback_seqno))
             ty.append(ty_)
             tf.append(at.response_frame or at.frame)
-            a.annotate(
-                "",
-                (seq(at.rollback_seqno), ty_),
-                (seq(at.start), y),
-                arrowprops={"arrowstyle": "->", "color": ROLLBACK, "linestyle": ":", "shrinkA": 4, "shrinkB": 4},
-            )
+            if id(at) in arrowed:
+                a.annotate(
+                    "",
+                    (seq(at.rollback_seqno), ty_),
+                    (seq(at.start), y),
+                    arrowprops={"arrowstyle": "->", "color": ROLLBACK, "linestyle": ":", "shrinkA": 4, "shrinkB": 4},
+                )
     if rf:
         sc = a.scatter(rx, ry, marker="o", s=50, facecolors="none", edgecolors=fg, linewidths=1.5, zorder=5, label="resume point (request)")
         _tag(sc, rf, f"resume:{vb}")
@@ -524,11 +594,15 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str) -> None:
         ticks.append(unknown)
         labels.append("uuid in no log seen")
     a.set_yticks(ticks, labels, fontsize="small")
-    a.set_ylim(-0.6, max(ticks, default=0) + 0.6)
+    a.set_ylim(min(ticks, default=0) - 0.6, max(ticks, default=0) + 0.6)
     a.autoscale_view(scaley=False)
     seq.install(a, "x")
     a.set_xlabel("seqno")
-    a.set_title(f"vbucket {vb}: failover branches" + ("" if branches else " (no failover log seen)"))
+    a.set_title(
+        f"vbucket {vb}: failover branches"
+        + ("" if branches else " (no failover log seen)")
+        + (f" (showing the last {len(branches)} of {len(every):,})" if len(every) > len(branches) else "")
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -550,15 +624,22 @@ def plot_flow(
     Artists: a step line per connection (``outstanding:C``), its buffer size
     (``buffer:C``), acks (``acks:C``), one shaded span per stall
     (``stall:C``); with ``noops``, noops answered and no ``ax`` a second axes holds
-    :func:`plot_noops`.
+    :func:`plot_noops`.  Of more than :data:`MAX_CONNS` connections the busiest are drawn.
     """
     fig, axes = _axes(ax, theme, rows=2 if noops and t.noops and ax is None else 1, size=(9.0, 3.6))
     a = axes[0]
     clk = _Clock(clock if clock is not None else timeline_clock(t), x)
-    conns = sorted({f.conn for f in t.flow} if conn is None else {conn})
+    by_conn: dict[int, list[FlowSample]] = {}
+    for f in t.flow:  # one pass, not one per connection
+        if conn is None or f.conn == conn:
+            by_conn.setdefault(f.conn, []).append(f)
+    stalls: dict[int, list[dict[str, Any]]] = {}
+    for st in t.stalls:
+        stalls.setdefault(st["conn"], []).append(st)
+    conns = _busiest(by_conn, MAX_CONNS) if conn is None else [conn]
     for k, c in enumerate(conns):
         colour = OKABE_ITO[k % len(OKABE_ITO)]
-        samples = [f for f in t.flow if f.conn == c]
+        samples = by_conn.get(c, [])
         if not samples:
             continue
         idx = _thin(len(samples))
@@ -577,13 +658,17 @@ def plot_flow(
             if k == 0:
                 sc.set_label("buffer ack")
             _tag(sc, af, f"acks:{c}")
-        for st in (s for s in t.stalls if s["conn"] == c):
+        for st in stalls.get(c, ()):
             x0, x1 = clk([st["frame"], st["ack_frame"]])
             span = a.axvspan(x0, x1, color=STALL, alpha=0.2, label=f"stall {st['duration_ns'] / 1e9:.2f} s")
             _tag(span, [st["frame"], st["ack_frame"]], f"stall:{c}")
     a.set_xlabel(clk.label)
     a.set_ylabel("bytes outstanding")
-    a.set_title("flow control" + ("" if t.flow else " (no buffer size negotiated: nothing to plot)"))
+    a.set_title(
+        "flow control"
+        + ("" if t.flow else " (no buffer size negotiated: nothing to plot)")
+        + (f" (showing the {len(conns)} busiest of {len(by_conn):,} connections)" if len(by_conn) > len(conns) else "")
+    )
     a.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}"))
     _legend(a, theme)
     if len(axes) > 1:
@@ -603,14 +688,19 @@ def plot_noops(
 ) -> Figure:
     """Noop round trips (ms) per connection, with twice the noop interval (the late threshold) when known.
 
-    Artists: one scatter per connection (``noops:C``), ``late:C`` lines.
+    Artists: one scatter per connection (``noops:C``), ``late:C`` lines.  Of
+    more than :data:`MAX_CONNS` connections the busiest are drawn.
     """
     fig, (a,) = _axes(ax, theme)
     clk = _Clock(clock if clock is not None else timeline_clock(t), x)
     rows = [n for n in t.noops if conn is None or n["conn"] == conn]
-    for k, c in enumerate(sorted({n["conn"] for n in rows})):
+    by_conn: dict[int, list[dict[str, Any]]] = {}
+    for n in rows:  # one pass, not one per connection
+        by_conn.setdefault(n["conn"], []).append(n)
+    conns = _busiest(by_conn, MAX_CONNS)
+    for k, c in enumerate(conns):
         colour = OKABE_ITO[k % len(OKABE_ITO)]
-        mine = [n for n in rows if n["conn"] == c]
+        mine = by_conn[c]
         frames = [n["frame"] for n in mine]
         sc = a.scatter(clk(frames), [n["rtt_ns"] / 1e6 for n in mine], color=colour, s=30, label=f"conn {c} noop round trip")
         _tag(sc, frames, f"noops:{c}")
@@ -620,7 +710,11 @@ def plot_noops(
             late.set_gid(f"late:{c}")
     a.set_xlabel(clk.label)
     a.set_ylabel("round trip (ms)")
-    a.set_title("noops" + ("" if rows else " (none answered)"))
+    a.set_title(
+        "noops"
+        + ("" if rows else " (none answered)")
+        + (f" (showing the {len(conns)} busiest of {len(by_conn):,} connections)" if len(by_conn) > len(conns) else "")
+    )
     _legend(a, theme)
     return fig
 

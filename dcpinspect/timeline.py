@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from . import spec
@@ -50,6 +52,8 @@ __all__ = [
 
 MAX_SEQNO = 2**64 - 1
 MAX_FRAMES = 1000  # frame numbers kept per (merged) anomaly
+MAX_PENDING = 4096  # requests awaiting an answer kept per connection (the oldest are forgotten)
+MAX_STREAM_REQUESTS = 1 << 17  # the same for STREAM_REQ / CLOSE_STREAM: one per vbucket (2^16) at once, and then some
 #: producer messages that belong to a stream (FACTS §7.1) and count against flow control (§7.5)
 STREAM_MESSAGES = frozenset((0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67))
 #: the items of a snapshot (seqno-carrying data messages)
@@ -278,6 +282,9 @@ class _Conn:
     pending: dict[tuple[str, int], tuple[int, Dissection | None, int]] = field(
         default_factory=dict
     )  # (dir, opaque) -> (opcode, req, frame)
+    # STREAM_REQ / CLOSE_STREAM in flight, apart (light, and as many as there are streams: a request per vbucket at once):
+    # (dir, opaque) -> (opcode, frame, the stream it was for) - the answer finds its stream without a scan of them all
+    stream_pending: dict[tuple[str, int], tuple[int, int, Stream | None]] = field(default_factory=dict)
     by_opaque: dict[int, Stream] = field(default_factory=dict)
     by_key: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
     stream_ids: bool = False
@@ -303,7 +310,14 @@ class TimelineBuilder:
         self._branches: dict[int, list[Branch]] = {}
         self._logs: dict[int, list[tuple[int, list[tuple[int, int]]]]] = {}
         self._flow: list[FlowSample] = []
-        self._explained: set[int] = set()  # id() of the rollback attempts the rule explains (no need to replay again)
+        # rollback attempts the rule does not explain yet (id() -> (stream, attempt)): a later log may (see timeline())
+        self._unexplained: dict[int, tuple[Stream, Attempt]] = {}
+        # vbucket -> [highest last seqno of its ended streams, its streams not ended yet]: the rollback replay's highest seqno
+        # seen on a vbucket without a scan of every stream (an ended stream takes no more items: folded in once)
+        self._vb_streams: dict[int, list[Any]] = {}
+        self._known: dict[int, dict[int, Branch]] = {}  # vbucket -> uuid -> its branch
+        self._uncut: dict[int, list[Branch]] = {}  # vbucket -> the branches no log has cut yet, in order of first sight
+        self._logs_unordered: set[int] = set()  # vbuckets whose logs were not fed in frame order (no bisecting those)
         self._noops: list[dict[str, Any]] = []
         self._anomalies: list[Anomaly] = []
         self._high: dict[int, tuple[int, int]] = {}
@@ -395,20 +409,27 @@ class TimelineBuilder:
             self._stream_message(c, rec, fr, h, op, opaque, sid)
             return
         d: Dissection | None = None
-        if op in (0x1F, 0x21, 0x20, 0x89, 0x50, 0x5E, 0x53, 0x52, 0x54, 0x96, 0x5D, 0x48):
+        if op in (0x1F, 0x21, 0x20, 0x89, 0x50, 0x5E, 0x53, 0x54, 0x96, 0x5D, 0x48):
             d = dissect(fr, rec.context)
-        if op in EXPECTS_RESPONSE:
-            c.pending[(rec.direction, opaque)] = (op, d, n)
-            if len(c.pending) > 4096:
-                del c.pending[next(iter(c.pending))]
+        s: Stream | None = None
         if op == 0x53 and d is not None:
-            self._stream_req(c, rec, d, h, opaque, sid)
+            s = self._stream_req(c, rec, d, h, opaque, sid)
         elif op == 0x52:
-            key = (h[5], sid)
-            s = c.by_key.get(key)
+            s = c.by_key.get((h[5], sid))
             if s is not None and s.active:
                 s.closed_frame = n
-        elif op == 0x5D and d is not None:
+            else:
+                s = None
+        if op in (0x53, 0x52):
+            c.stream_pending[(rec.direction, opaque)] = (op, n, s)
+            if len(c.stream_pending) > MAX_STREAM_REQUESTS:
+                del c.stream_pending[next(iter(c.stream_pending))]
+            return
+        if op in EXPECTS_RESPONSE:
+            c.pending[(rec.direction, opaque)] = (op, d, n)
+            if len(c.pending) > MAX_PENDING:
+                del c.pending[next(iter(c.pending))]
+        if op == 0x5D and d is not None:
             acked = d.extras.get("buffer_bytes")
             if isinstance(acked, int):
                 if acked > c.outstanding:  # acknowledges bytes not seen sent yet (directions reordered in the capture)
@@ -434,10 +455,11 @@ class TimelineBuilder:
                 f"{spec.COMMANDS[op].name} on a connection with stream ids enabled (they are exclusive)",
             )
 
-    def _stream_req(self, c: _Conn, rec: Record, d: Dissection, h: tuple[Any, ...], opaque: int, sid: int | None) -> None:
+    def _stream_req(self, c: _Conn, rec: Record, d: Dissection, h: tuple[Any, ...], opaque: int, sid: int | None) -> Stream | None:
+        """Record one STREAM_REQ as an attempt of its stream (a new segment when the last one ended or succeeded); the stream."""
         ext = d.extras
         if not isinstance(ext.get("start_seqno"), int):
-            return
+            return None
         doc = d.document if isinstance(d.document, dict) else None
         if sid is None and doc is not None and isinstance(doc.get("sid"), int):
             sid = doc["sid"]
@@ -457,21 +479,27 @@ class TimelineBuilder:
         )
         s = c.by_key.get(key)
         if s is not None and s.active:
+            # a stream followed from mid-way (its request not captured) counts as opened where it was first seen
+            first = [s.attempts[-1].frame] if s.attempts else s.anomalies[0].frames[:1] if s.anomalies else []
             self._anomaly(
                 c,
                 "stream already open",
-                [s.attempts[-1].frame, rec.number],
-                f"stream request for vbucket {vb} while a stream is live on this connection",
+                [*first, rec.number],
+                f"stream request for vbucket {vb} while a stream is live on this connection"
+                + ("" if s.attempts else " (followed from mid-way: its request was not captured)"),
                 s,
+                uncertain=not s.attempts and bool(s.anomalies) and s.anomalies[0].uncertain,
             )
-        if s is None or s.end is not None or (s.attempts and s.attempts[-1].outcome == "success"):
+        if s is None or s.end is not None or not s.attempts or s.attempts[-1].outcome == "success":
             seg = self._segments.get((c.info.conn, vb, sid), -1) + 1
             self._segments[(c.info.conn, vb, sid)] = seg
             s = Stream(c.info.conn, vb, sid, seg)
             self._streams.append(s)
+            self._vb_streams.setdefault(vb, [0, []])[1].append(s)
             c.by_key[key] = s
         s.attempts.append(attempt)
         s.opaque = opaque
+        return s
 
     def _stream_message(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int, sid: int | None) -> None:
         n = rec.number
@@ -512,6 +540,7 @@ class TimelineBuilder:
             self._segments[(c.info.conn, vb, sid)] = seg
             s = Stream(c.info.conn, vb, sid, seg, opaque=opaque)
             self._streams.append(s)
+            self._vb_streams.setdefault(vb, [0, []])[1].append(s)
             c.by_key[(vb, sid)] = s
             c.by_opaque[opaque] = s
             started_unseen = rec.context == DissectContext()  # the connection's start was not captured
@@ -643,14 +672,17 @@ class TimelineBuilder:
         elif not oso and op != 0x64:
             self._anomaly(c, "seqno not increasing", [n], f"seqno {seqno} after {last}", s)
         if s.end_seqno is not None and seqno > s.end_seqno and op != 0x64:
-            self._anomaly(c, "beyond end seqno", [s.attempts[-1].frame, n], f"seqno {seqno} beyond the requested end {s.end_seqno}", s)
+            self._anomaly(c, "beyond end seqno", [*_requested(s), n], f"seqno {seqno} beyond the requested end {s.end_seqno}", s)
 
     # --- responses -------------------------------------------------------------------
     def _response(self, c: _Conn, rec: Record, fr: Frame, h: tuple[Any, ...], op: int, opaque: int) -> None:
         n = rec.number
         other = "c2s" if rec.direction == "s2c" else "s2c"
-        req = c.pending.pop((other, opaque), None)
         status = h[5]
+        if op in (0x53, 0x52):
+            self._stream_answer(c, rec, fr, op, opaque, status, c.stream_pending.pop((other, opaque), None))
+            return
+        req = c.pending.pop((other, opaque), None)
         if op == 0x5C:
             sent = c.noops.pop(opaque, None)
             if sent is not None:
@@ -667,15 +699,9 @@ class TimelineBuilder:
             if op not in (0x56, 0x5B):  # acks of marker (Ack flag) and set-vbucket-state are not requests of ours
                 self._anomaly(c, "response without request", [n], f"{_name(op)} response (opaque 0x{opaque:08x}) matches no request")
             return
-        _, d, req_frame = req
+        _, d, _req_frame = req
         ok = status == spec.SUCCESS
-        if op == 0x53:
-            self._stream_resp(c, rec, fr, d, req_frame, opaque, status)
-        elif op == 0x52:
-            for s in c.by_key.values():
-                if s.closed_frame == req_frame:
-                    s.close_answered = n
-        elif op in (0x54, 0x96) and ok and d is not None:
+        if op in (0x54, 0x96) and ok and d is not None:
             resp = dissect(fr, rec.context)
             log = _log(resp.body.get("failover_log"))
             if log:
@@ -709,10 +735,24 @@ class TimelineBuilder:
                 if isinstance(e, dict) and isinstance(e.get("vbucket"), int) and isinstance(e.get("high_seqno"), int):
                     self._high[e["vbucket"]] = (n, e["high_seqno"])
 
-    def _stream_resp(self, c: _Conn, rec: Record, fr: Frame, d: Dissection | None, req_frame: int, opaque: int, status: int) -> None:
-        s = next((s for s in c.by_key.values() if s.attempts and s.attempts[-1].frame == req_frame), None)
-        if s is None:
+    def _stream_answer(
+        self, c: _Conn, rec: Record, fr: Frame, op: int, opaque: int, status: int, req: tuple[int, int, Stream | None] | None
+    ) -> None:
+        """A STREAM_REQ or CLOSE_STREAM response: recorded on the stream its request was for (found without a scan)."""
+        if req is None or req[0] != op:
+            self._anomaly(c, "response without request", [rec.number], f"{_name(op)} response (opaque 0x{opaque:08x}) matches no request")
             return
+        _, req_frame, s = req
+        if s is None or c.by_key.get((s.vbucket, s.stream_id)) is not s:
+            return  # no stream (a request without a start seqno, a close of no live stream), or a newer segment took over
+        if op == 0x53:
+            if s.attempts and s.attempts[-1].frame == req_frame:  # else a later request of the stream superseded it
+                self._stream_resp(c, rec, fr, s, opaque, status)
+        elif s.closed_frame == req_frame:
+            s.close_answered = rec.number
+
+    def _stream_resp(self, c: _Conn, rec: Record, fr: Frame, s: Stream, opaque: int, status: int) -> None:
+        """The answer to the stream's last attempt."""
         a = s.attempts[-1]
         a.response_frame = rec.number
         a.status = status
@@ -737,22 +777,30 @@ class TimelineBuilder:
 
     # --- failover logs ---------------------------------------------------------------
     def _observe_log(self, vb: int, frame: int, log: list[tuple[int, int]]) -> None:
-        self._logs.setdefault(vb, []).append((frame, log))
+        logs = self._logs.setdefault(vb, [])
+        if logs and frame < logs[-1][0]:
+            self._logs_unordered.add(vb)
+        logs.append((frame, log))
         branches = self._branches.setdefault(vb, [])
-        known = {b.uuid: b for b in branches}
+        known = self._known.setdefault(vb, {})
+        uncut = self._uncut.setdefault(vb, [])
         for uuid, seqno in reversed(log):  # oldest first: order of first sight within one log
             if uuid not in known:
                 b = Branch(uuid, seqno, frame, len(branches))
                 branches.append(b)
                 known[uuid] = b
+                uncut.append(b)
         present = {u for u, _ in log}
-        for b in branches:
-            if b.uuid in present or b.cut_frame is not None:
+        kept = []  # at most len(log): the work per log does not grow with the branches seen
+        for b in uncut:
+            if b.uuid in present:
+                kept.append(b)
                 continue
             b.cut_frame = frame
             # the newest entry whose branch point is below b's removed it (FACTS §7.3)
             cutter = next((u for u, s in log if s < b.seqno), None)
             b.cut_by = cutter
+        self._uncut[vb] = kept
 
     # --- rollback explanation (FACTS §7.4) -----------------------------------------
     def _explain(self, s: Stream, a: Attempt) -> None:
@@ -769,20 +817,27 @@ class TimelineBuilder:
         """
         logs = self._logs.get(s.vbucket) or []
         at = a.response_frame or a.frame
-        before = [log for frame, log in logs if frame < at]
-        after = [(frame, log) for frame, log in logs if frame > at]
-        candidates = [(before[-1], "")] if before else []
+        if s.vbucket in self._logs_unordered:
+            before = [e for e in logs if e[0] < at][-1:]
+            after = [e for e in logs if e[0] > at][:1]
+        else:  # the logs in frame order (the rule): bisect, no scan of every log of the vbucket
+            i, j = bisect_left(logs, at, key=_FIRST), bisect_right(logs, at, key=_FIRST)
+            before, after = logs[max(0, i - 1) : i], logs[j : j + 1]
+        candidates = [(before[-1][1], "")] if before else []
         if after:
             why = ": the producer's log had changed since the one seen before" if before else ""
             candidates.append((after[0][1], f" (using the failover log seen later, at frame {after[0][0]}{why})"))
         if not candidates:
             a.explanation = "cannot replay the rule: no failover log of this vbucket was seen"
+            self._unexplained[id(a)] = (s, a)
             return
         results = [self._replay(s, a, table, source) for table, source in candidates]
         explanation, predicted, matched = next((r for r in results if r[2]), results[0])
         a.explanation, a.predicted = explanation, predicted
         if matched:
-            self._explained.add(id(a))
+            self._unexplained.pop(id(a), None)
+        else:
+            self._unexplained[id(a)] = (s, a)
 
     def _replay(self, s: Stream, a: Attempt, table: list[tuple[int, int]], source: str) -> tuple[str, int | None, bool]:
         """(explanation, predicted rollback seqno, whether the rule gives the observed seqno) for one failover log."""
@@ -790,8 +845,7 @@ class TimelineBuilder:
 
         vb = s.vbucket
         high = self._high.get(vb)
-        seen = max((x.last_seqno or 0 for x in self._streams if x.vbucket == vb), default=0)
-        seen = max(seen, self._seen_elsewhere.get(vb, 0))
+        seen = max(self._seen(vb), self._seen_elsewhere.get(vb, 0))
         highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
         purge = self._purge.get(vb)
         purges = [purge[1]] if purge else [0, a.start + 1]
@@ -838,8 +892,24 @@ class TimelineBuilder:
         got = sorted({d.seqno for d in outcomes if d.rollback})
         return f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}", None, False
 
+    def _seen(self, vb: int) -> int:
+        """The highest item seqno seen on ``vb`` by this builder (0: none)."""
+        entry = self._vb_streams.get(vb)
+        if entry is None:
+            return 0
+        if any(x.end is not None for x in entry[1]):
+            entry[0] = max([entry[0], *(x.last_seqno or 0 for x in entry[1] if x.end is not None)])
+            entry[1] = [x for x in entry[1] if x.end is None]
+        return max([entry[0], *(x.last_seqno or 0 for x in entry[1])])
+
     def _loops(self, c: _Conn, s: Stream) -> None:
-        rolls = [a for a in s.attempts if a.outcome == "rollback"]
+        rolls: list[Attempt] = []  # the last three rollbacks (from the end: no scan of every attempt of a long loop)
+        for a in reversed(s.attempts):
+            if a.outcome == "rollback":
+                rolls.append(a)
+                if len(rolls) == 3:
+                    break
+        rolls.reverse()
         if len(rolls) >= 3 and all(a.rollback_seqno == 0 for a in rolls[-3:]):
             self._anomaly(c, "rollback loop", [a.frame for a in rolls[-3:]], "rolled back to 0 three times in a row", s)
         elif len(rolls) >= 3 and len({(a.start, a.uuid, a.snap_start, a.snap_end) for a in rolls[-3:]}) == 1:
@@ -849,13 +919,14 @@ class TimelineBuilder:
     def timeline(self, *, final: bool = True) -> Timeline:
         """The timeline so far; with ``final`` also the end-of-input anomalies (requests never answered...)."""
         anomalies = list(self._anomalies)
-        for st in self._streams:  # a log seen only after a rollback can still explain it
-            for at in st.attempts:
-                if at.outcome == "rollback" and id(at) not in self._explained and self._logs.get(st.vbucket):
-                    self._explain(st, at)
+        for st, at in list(self._unexplained.values()):  # a log seen only after a rollback can still explain it
+            if at.outcome == "rollback" and self._logs.get(st.vbucket):
+                self._explain(st, at)
         if final:
             for c in self._conns.values():
-                for (d, opaque), (op, _req, frame) in c.pending.items():
+                waiting = [(d, opaque, op, frame) for (d, opaque), (op, _req, frame) in c.pending.items()]
+                waiting += [(d, opaque, op, frame) for (d, opaque), (op, frame, _s) in c.stream_pending.items()]
+                for d, opaque, op, frame in sorted(waiting, key=itemgetter(3)):
                     peer = c.last.get("c2s" if d == "s2c" else "s2c")
                     if op == 0x5C or peer is None or peer.number < frame:
                         continue  # the peer sent nothing after it: still in flight when the capture ended
@@ -884,7 +955,7 @@ class TimelineBuilder:
                     anomalies.append(
                         Anomaly(
                             "stream never ended",
-                            [st.attempts[-1].frame],
+                            _requested(st),
                             f"end seqno {st.end_seqno} reached but no DCP_STREAM_END",
                             st.conn,
                             st.vbucket,
@@ -933,6 +1004,12 @@ def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
 
 _ITEM_LAYOUTS = _item_layouts()
 _HEADER = spec.HEADER.unpack_from
+_FIRST = itemgetter(0)
+
+
+def _requested(s: Stream) -> list[int]:
+    """The frame of the stream's last request (none: followed from mid-way)."""
+    return [s.attempts[-1].frame] if s.attempts else []
 
 
 def h_vb(d: Dissection) -> int:

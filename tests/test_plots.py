@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from dcpinspect import plots
 from dcpinspect.records import read_records
 from dcpinspect.tables import frames_df, frames_table
-from dcpinspect.timeline import MAX_SEQNO, Timeline, build_timeline
+from dcpinspect.timeline import MAX_SEQNO, Anomaly, Timeline, build_timeline
 
 CAPTURES = Path(__file__).resolve().parents[1] / "captures"
 
@@ -219,3 +219,109 @@ def test_a_click_on_the_picture_finds_the_frame(x: str) -> None:
     rb = next(a for a in fig.findobj(lambda a: a.get_gid() == "rollbacks"))
     ((px, py),) = _pixels_of(fig, rb)
     assert plots.frame_at_pixel(fig, px, py) == plots.frames_of(rb)[0]
+
+
+# --- bounded: many streams -----------------------------------------------------------------------------------
+
+
+def many_streams(n: int) -> Timeline:
+    """``n`` streams (copies of live-plain's, each its own vbucket); stream 7 has a rollback, stream 11 an anomaly."""
+    import copy
+
+    t = copy.copy(timeline("live-plain.pcap"))
+    base = t.streams
+    t.streams = [copy.copy(base[i % len(base)]) for i in range(n)]
+    for i, s in enumerate(t.streams):
+        s.vbucket = i
+        s.items = s.items[: 1 + i % 5]  # the busiest have 5 items
+        s.anomalies = []
+    rb = copy.deepcopy(next(a for a in timeline("live-rollback-retry.pcap").streams[0].attempts if a.outcome == "rollback"))
+    t.streams[7].attempts = [rb, *t.streams[7].attempts]
+    t.streams[11].anomalies = [Anomaly("seqno not increasing", [1], "<b>bad</b>", 1, 11)]
+    t.anomalies = list(t.streams[11].anomalies)
+    return t
+
+
+def test_pick_streams_anomalies_and_rollbacks_first_then_the_busiest() -> None:
+    t = many_streams(30)
+    picked = plots.pick_streams(t, 8)
+    assert sorted(picked[:2]) == [7, 11]
+    assert all(len(t.streams[i].items) == 5 for i in picked[2:])  # then the busiest, in timeline order
+    assert picked[2:] == sorted(picked[2:])
+    assert plots.pick_streams(t, 100) == sorted(range(30), key=lambda i: (i not in (7, 11), -len(t.streams[i].items), i))
+    assert plots.pick_streams(t, 3, items={5: 1000})[2] == 5  # true counts where the items were thinned
+
+
+def test_seqnos_draws_a_bounded_number_of_streams_and_says_so() -> None:
+    t = many_streams(300)
+    fig = plots.plot_seqnos(t)
+    drawn = {int(a.get_gid().split(":")[1]) for a in by_gid(fig, "stream:")}
+    assert len(drawn) == 64  # (all 300 before: about 10 ms each, 65,536 took minutes)
+    assert plots.MAX_STREAMS == 64
+    assert {7, 11} <= drawn
+    assert "showing 64 of 300 streams" in fig.axes[0].get_title()
+    # a filter or an explicit choice within the bound draws everything asked for, and says nothing
+    few = plots.plot_seqnos(t, streams=range(10))
+    assert len(by_gid(few, "stream:")) == 10 and "showing" not in few.axes[0].get_title()
+    assert len(by_gid(plots.plot_seqnos(t, max_streams=None), "stream:")) == 300
+
+
+def test_report_of_many_streams_plots_few_and_lists_the_rest_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dcpinspect import report
+
+    t = many_streams(300)
+    t.connections = {1: copy_conn(t.connections[1], name="<script>alert(1)</script>" + "x" * 5000)}
+    figures: list[Figure] = []
+    real = plots.plot_seqnos
+
+    def spy(*args: object, **kw: object) -> Figure:
+        figures.append(real(*args, **kw))  # type: ignore[arg-type]
+        return figures[-1]
+
+    monkeypatch.setattr(plots, "plot_seqnos", spy)
+    monkeypatch.setattr(report, "MAX_ROWS", 100, raising=False)
+    frames = {"ts": np.array([0, 1], dtype="datetime64[ns]"), "type": np.array(["frame"] * 2), "name": np.array(["DCP_MUTATION"] * 2)}
+    import pandas as pd
+
+    page = report.render_report(t, pd.DataFrame(frames), [], counts={"streams": 300})
+    (fig,) = figures
+    assert len(by_gid(fig, "stream:")) == 64
+    assert "showing 64 of 300 streams" in page
+    assert page.count("<tr><td>") < 100 + 50  # the rest table (at most 100 rows) and the small ones
+    assert "... 136 more streams left out here" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "x" * 400 not in page and "more characters)" in page  # a 5 KB name is cut
+    assert "&lt;b&gt;bad&lt;/b&gt;" in page
+
+
+def copy_conn(c: object, **changes: object) -> object:
+    import dataclasses
+
+    return dataclasses.replace(c, **changes)  # type: ignore[type-var]
+
+
+def test_flow_and_noops_draw_the_busiest_connections() -> None:
+    import copy
+
+    t = copy.copy(timeline("dcp-session.pcap"))
+    (c,) = {f.conn for f in t.flow}
+    t.flow = [f._replace(conn=k) for k in range(40) for f in t.flow[: 1 + k % 3]]
+    t.noops = [{**n, "conn": k} for k in range(40) for n in t.noops]
+    t.connections = {k: copy_conn(t.connections[c], conn=k) for k in range(40)}
+    fig = plots.plot_flow(t)
+    assert len(by_gid(fig, "outstanding:")) == 16
+    assert plots.MAX_CONNS == 16
+    assert "showing the 16 busiest of 40 connections" in fig.axes[0].get_title()
+    assert len(by_gid(fig, "noops:")) == 16
+
+
+def test_branches_of_a_vbucket_with_hundreds_of_logs_are_cut_to_the_last() -> None:
+    from dcpinspect.timeline import Branch
+
+    t = copy_conn(timeline("live-failover-branches.pcap"), branches={0: [Branch(0x1000 + k, k, k, k) for k in range(200)]})
+    fig = plots.plot_branches(t, 0)  # type: ignore[arg-type]
+    lanes = by_gid(fig, "branch:")
+    assert len(lanes) == 64 and lanes[0].get_gid() == f"branch:{0x1000 + 136:x}"
+    assert "showing the last 64 of 200" in fig.axes[0].get_title()
+    every = plots.plot_branches(copy_conn(t, branches={vb: t.branches[0][:2] for vb in range(10)}))  # type: ignore[arg-type]
+    assert len(every.axes) == 8 and "showing 8 of 10 vbuckets" in every.get_suptitle()

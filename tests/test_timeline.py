@@ -11,7 +11,7 @@ from dcpinspect import encode
 from dcpinspect.cli import main
 from dcpinspect.decoder import Frame
 from dcpinspect.pcapwrite import PcapWriter, TcpConversation
-from dcpinspect.records import read_records
+from dcpinspect.records import FRESH, Record, read_records
 from dcpinspect.timeline import MAX_SEQNO, TimelineBuilder, build_timeline
 from dcpinspect.timeline_tables import story, timeline_frames
 
@@ -424,3 +424,180 @@ def test_stream_end_in_flight_at_capture_end_is_not_an_anomaly(tmp_path: Path) -
     conv = [*bootstrap(), ("c2s", req(start=0, end_seqno=1)), ("s2c", ok([(1, 0)])), ("s2c", marker(1, 1)), ("s2c", mut(1))]
     t = build_timeline(read_records([str(session(tmp_path / "e.pcap", conv))]))
     assert t.anomalies == []
+
+
+# --- messages in unexpected orders (captures that start mid-stream, loss, reordering) ---------------------------
+
+
+def records(*frames: tuple[str, bytes], conn: int = 1) -> list[Record]:
+    """Records of hand-built frames on one connection, numbered from 1 (what a capture of them would give)."""
+    return [Record(n, "f", conn, "c", d, T0 + n, T0 + n, n, n, Frame(0, raw), FRESH) for n, (d, raw) in enumerate(frames, 1)]
+
+
+MID_STREAM = {
+    "mutation": mut(1),
+    "marker": marker(1, 5),
+    "deletion": encode("DCP_DELETION", extras={"by_seqno": 1, "rev_seqno": 1}, key="k", opaque=0x10),
+    "seqno advanced": encode("DCP_SEQNO_ADVANCED", extras={"seqno": 3}, opaque=0x10),
+    "oso snapshot": encode("DCP_OSO_SNAPSHOT", extras={"flags": 1}, opaque=0x10),
+    "system event": encode("DCP_SYSTEM_EVENT", extras={"by_seqno": 2, "event": 0, "version": 0}, key="c", opaque=0x10),
+}
+
+
+@pytest.mark.parametrize("first", MID_STREAM)
+def test_data_before_the_stream_request_is_a_stream_followed_from_mid_way(first: str) -> None:
+    """A stream message for a vbucket before its STREAM_REQ on the connection (IndexError before the fix)."""
+    t = build_timeline(records(("s2c", MID_STREAM[first]), ("c2s", req(start=0)), ("s2c", ok([(1, 0)])), ("s2c", marker(1, 2))))
+    mid, new = t.streams
+    assert (mid.segment, mid.attempts, new.segment) == (0, [], 1)
+    (a,) = new.attempts
+    assert (a.frame, a.outcome, a.response_frame) == (2, "success", 3)
+    assert [sn.frame for sn in new.snapshots] == [4]  # the request's opaque now leads to the new segment
+    kinds = [(x.kind, x.frames) for x in t.anomalies]
+    assert kinds == [("no stream request", [1]), ("stream already open", [1, 2])]
+    assert "mid-way" in t.anomalies[1].message
+    assert "(stream request not captured)" in story(t)
+    timeline_frames(t)
+
+
+def test_data_before_the_stream_request_with_stream_ids() -> None:
+    sid = [
+        ("c2s", encode("DCP_CONTROL", key="enable_stream_id", value=b"true", opaque=3)),
+        ("s2c", encode("DCP_CONTROL", response=True, opaque=3)),
+    ]
+    m = encode("DCP_MUTATION", extras={"by_seqno": 1, "rev_seqno": 1}, key="k", value=b"v", opaque=0x10, stream_id=7)
+    r = encode("DCP_STREAM_REQ", extras={"end_seqno": MAX_SEQNO}, value={"sid": 7}, opaque=0x10)
+    t = build_timeline(records(*sid, ("s2c", m), ("c2s", r), ("s2c", ok([(1, 0)]))))
+    assert [(s.stream_id, s.segment, len(s.attempts)) for s in t.streams] == [(7, 0, 0), (7, 1, 1)]
+    assert t.streams[1].attempts[0].outcome == "success"
+
+
+def test_unexpected_orders_never_raise_and_are_told() -> None:
+    """Answers before requests, ends and closes before anything, acks before the open: anomalies, no exceptions."""
+    close = encode("DCP_CLOSE_STREAM", opaque=0x20)
+    close_ok = encode("DCP_CLOSE_STREAM", response=True, opaque=0x20)
+    ack = encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": 100})
+    t = build_timeline(
+        records(
+            ("c2s", ack),  # an ack before the open and any data
+            ("s2c", ok([(1, 0)])),  # the answer before its request
+            ("s2c", close_ok),  # a close answered before it was asked
+            ("s2c", end(opaque=0x10)),  # a stream end before the stream
+            ("c2s", req(start=0)),  # the request after its answer: a new segment, never answered
+            ("c2s", close),  # closing it before any answer (not live: nothing recorded)
+            ("c2s", req(start=0, vb=1, opaque=0x30)),
+            ("c2s", req(start=0, vb=1, opaque=0x31)),  # a second request for vb 1 before the first is answered
+            ("s2c", rollback(0x31, 0)),
+            ("s2c", ok([(2, 0)], opaque=0x30)),  # the first one's answer: superseded
+            ("s2c", rollback(0x31, 0)),  # twice
+            ("s2c", encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": 1, "end_seqno": 5, "flags": 1}, opaque=0x30, vbucket=1)),
+        )
+    )
+    kinds = [a.kind for a in t.anomalies]
+    assert kinds.count("response without request") == 3  # the early answer, the early close answer, the second rollback
+    assert "no stream request" in kinds
+    vb0 = [s for s in t.streams if s.vbucket == 0]
+    assert [(len(s.attempts), s.end is not None) for s in vb0] == [(0, True), (1, False)]
+    assert vb0[1].attempts[0].outcome is None and vb0[1].closed_frame is None
+    (vb1,) = [s for s in t.streams if s.vbucket == 1]
+    assert [(a.frame, a.outcome) for a in vb1.attempts] == [(7, None), (8, "rollback")]
+    assert vb1.attempts[1].explanation == "cannot replay the rule: no failover log of this vbucket was seen"
+
+
+def test_a_close_stream_answer_finds_its_stream() -> None:
+    """The answer to a CLOSE_STREAM is recorded on the stream it closed, only while that segment is the live one."""
+    close = [("c2s", encode("DCP_CLOSE_STREAM", opaque=0x20)), ("s2c", encode("DCP_CLOSE_STREAM", response=True, opaque=0x20))]
+    t = build_timeline(records(("c2s", req(start=0)), ("s2c", ok([(1, 0)])), *close))
+    assert (t.streams[0].closed_frame, t.streams[0].close_answered) == (3, 4)
+    # a new segment in between: the answer belongs to neither
+    t = build_timeline(records(("c2s", req(start=0)), ("s2c", ok([(1, 0)])), close[0], ("c2s", req(start=0, opaque=0x11)), close[1]))
+    assert [(s.closed_frame, s.close_answered) for s in t.streams] == [(3, None), (None, None)]
+
+
+def test_a_log_seen_after_a_rollback_explains_it_at_the_end() -> None:
+    """A rollback without any failover log is explained once one turns up (by timeline(); not replayed again after)."""
+    log = encode("DCP_GET_FAILOVER_LOG", response=True, opaque=0x12, value={"failover_log": [{"vb_uuid": 0xAA, "vb_seqno": 0}]})
+    recs = records(
+        ("c2s", req(start=5, vb_uuid=0xBB, opaque=0x11)),
+        ("s2c", rollback(0x11, 0)),
+        ("c2s", encode("DCP_GET_FAILOVER_LOG", opaque=0x12)),
+        ("s2c", log),
+    )
+    b = TimelineBuilder().feed_all(recs[:2])
+    assert b.timeline().streams[0].attempts[0].explanation == "cannot replay the rule: no failover log of this vbucket was seen"
+    assert len(b._unexplained) == 1
+    a = b.feed_all(recs[2:]).timeline().streams[0].attempts[0]
+    assert "no common history" in a.explanation and "seen later, at frame 4" in a.explanation
+    assert b._unexplained == {}
+
+
+# --- cost: linear in the streams of a connection --------------------------------------------------------------
+
+
+def many_streams(n: int) -> list[Record]:
+    """One connection opening ``n`` streams at once (every 8th rolled back and retried), one item each, all closed."""
+    frames: list[tuple[str, bytes]] = [("c2s", req(start=0, vb=vb, opaque=0x1000 + vb)) for vb in range(n)]
+    for vb in range(n):
+        if vb % 8 == 0:
+            frames += [("s2c", rollback(0x1000 + vb, 0)), ("c2s", req(start=0, vb=vb, vb_uuid=0xA000 + vb, opaque=0x40000 + vb))]
+    frames += [("s2c", ok([(0xA000 + vb, 0)], opaque=(0x40000 if vb % 8 == 0 else 0x1000) + vb)) for vb in range(n)]
+    for vb in range(n):
+        opaque = (0x40000 if vb % 8 == 0 else 0x1000) + vb
+        frames += [("s2c", marker(1, 1, opaque=opaque, vb=vb)), ("s2c", mut(1, opaque=opaque, vb=vb))]
+    frames += [("c2s", encode("DCP_CLOSE_STREAM", vbucket=vb, opaque=0x80000 + vb)) for vb in range(n)]
+    frames += [("s2c", encode("DCP_CLOSE_STREAM", response=True, opaque=0x80000 + vb)) for vb in range(n)]
+    return records(*frames)
+
+
+def lines_run(recs: list[Record]) -> int:
+    """Lines of timeline.py and timeline_tables.py executed building the timeline of ``recs`` and its tables (deterministic)."""
+    import sys
+
+    from dcpinspect import timeline, timeline_tables
+
+    files = {timeline.__file__, timeline_tables.__file__}
+    count = 0
+
+    def local(frame: object, event: str, arg: object) -> object:
+        nonlocal count
+        count += event == "line"
+        return local
+
+    def tracer(frame: object, event: str, arg: object) -> object:
+        return local if frame.f_code.co_filename in files else None  # type: ignore[attr-defined]
+
+    sys.settrace(tracer)
+    try:
+        t = build_timeline(recs)
+        timeline_frames(t, items=False)
+    finally:
+        sys.settrace(None)
+    assert not [a for a in t.anomalies if a.kind != "rollback loop"], t.anomalies[:3]
+    return count
+
+
+def test_work_per_stream_does_not_grow_with_the_streams() -> None:
+    """Answers, closes, rollbacks, failover logs: found through indexes, never by a scan of every stream (was quadratic)."""
+    small, big = 250, 1000
+    per_small, per_big = lines_run(many_streams(small)) / small, lines_run(many_streams(big)) / big
+    assert per_big < 1.1 * per_small, (per_small, per_big)
+
+
+def test_stepper_replays_a_capture_that_starts_mid_stream() -> None:
+    """The stepper asks the builder for a timeline after every frame: data before its request no longer crashes it."""
+    from dcpinspect.explorer import StepperModel
+
+    m = StepperModel(records(("s2c", mut(1)), ("c2s", req(start=0)), ("s2c", ok([(1, 0)])), ("s2c", marker(1, 2))))
+    assert len(m) == 4 and m.steps[-1].state["attempts"] == 1
+
+
+def test_thousands_of_stream_requests_in_flight_are_all_answered() -> None:
+    """A consumer asks for every vbucket at once: 5,000 requests before any answer (the oldest 904 were forgotten before)."""
+    n = 5000
+    recs = records(
+        *[("c2s", req(start=0, vb=vb, opaque=0x1000 + vb)) for vb in range(n)],
+        *[("s2c", ok([(1, 0)], opaque=0x1000 + vb)) for vb in range(n)],
+    )
+    t = build_timeline(recs)
+    assert [a.kind for a in t.anomalies] == []
+    assert all(s.attempts[0].outcome == "success" for s in t.streams) and len(t.streams) == n
