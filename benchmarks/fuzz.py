@@ -12,17 +12,27 @@ Inputs (``--count``, default 10^6, all small: mostly under 200 bytes) are:
 * UPR-draft frames (``dialect="upr"``), mutated the same way;
 * pure random byte strings, in both dialects.
 
-Each input is decoded twice: once by :func:`dcpinspect.decode` (or, when gaps
-are reported, by one ``feed`` per gap-free segment) and once fed in random
-chunks through :class:`dcpinspect.FrameDecoder` with occasional ``feed_gap``
-calls and random decoder options (``aligned``, ``max_body``,
-``garbage_chunk``).  It checks the decoder's promises:
+Each input is held to the decoder's contracts (:meth:`Fuzzer.check_decoder`),
+with random decoder options (``aligned``, ``max_body``, ``garbage_chunk``) and,
+on about 12% of the inputs, one or two ``feed_gap`` calls at random points:
 
+* never raises: no decoder call raises;
 * tiling: every input byte lands in exactly one event, in order - the events
   are contiguous by offset, the sum of their lengths is the bytes fed plus the
-  gap lengths, their bytes concatenated are the input, and the gaps are where
-  they were fed;
-* chunking does not change the events (decoder rule 3).
+  gap lengths, their bytes concatenated are the input, the gaps are where
+  they were fed, and a frame is its header plus its declared body;
+* chunking: random chunks give the same events as one ``feed`` per gap-free
+  segment (decoder rule 3);
+* byte-by-byte: so does feeding every byte on its own;
+* gaps: ``feed_gap(0)`` calls sprinkled between the chunks change nothing,
+  and a non-zero gap acts as the end of one stream and the start of another,
+  unaligned one: the events equal those of each gap-free stretch decoded by a
+  decoder of its own (unaligned after a gap), shifted, with the stretch's
+  ``end of stream`` read as the gap.
+
+The summary gives, per contract, the inputs it was checked on and its
+failures.  ``--decoder-only`` stops there (no dissection or rendering); the
+test suite runs a few thousand inputs of it (``tests/test_decoder_hostile.py``).
 
 Memory: RSS (current and peak) and the number of Python heap blocks are printed
 every 50k inputs.  RSS can step up a few times when a tiny snappy value claims
@@ -43,13 +53,13 @@ signature: stage, exception type and raising line) are printed with their
 traceback and the input as hex, and every signature with its count.  Peak and current RSS are sampled every 50k
 inputs.  The last line reads::
 
-    fuzz: 1000000 inputs, 0 exceptions, 0 invariant violations, rss MiB start/end/max 30.1/31.0/31.2
+    fuzz: 1000000 inputs, 0 exceptions, 0 invariant violations (0 tiling, 0 chunking/byte-by-byte/gaps), rss MiB start/end/max 30.1/31.0/31.2
 
 The exit status is 1 if any exception or invariant violation happened.
 
 Usage::
 
-    python benchmarks/fuzz.py [--count 1000000] [--seed S]
+    python benchmarks/fuzz.py [--count 1000000] [--seed S] [--decoder-only]
 """
 
 from __future__ import annotations
@@ -579,13 +589,23 @@ class Stats:
     rendered: int = 0
     exceptions: int = 0
     tiling_violations: int = 0
-    chunking_violations: int = 0
+    chunking_violations: int = 0  # every decoder contract but tiling
+    #: inputs each decoder contract was checked on, and the inputs that broke it (see CONTRACTS)
+    contract_checks: Counter[str] = field(default_factory=Counter)
+    contract_violations: Counter[str] = field(default_factory=Counter)  # failed checks (a broken input may fail several)
+    with_gaps: int = 0  # inputs fed with at least one non-zero gap
     range_notes: int = 0
     signatures: Counter[str] = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
     violations: list[Failure] = field(default_factory=list)
     notes: list[Failure] = field(default_factory=list)
     slowest: tuple[float, bytes, str] = (0.0, b"", "")
+
+
+#: the decoder's contracts, each checked on every input (``gaps`` says more on the inputs fed with gaps)
+CONTRACTS = ("never raises", "tiling", "chunking", "byte-by-byte", "gaps")
+
+Pieces = list[list[tuple[int, int]]]  # per gap-free segment of an input, the (start, end) of each feed()
 
 
 def _signature(stage: str, exc: BaseException) -> str:
@@ -643,6 +663,7 @@ class Fuzzer:
             s.tiling_violations += 1
         else:
             s.chunking_violations += 1
+        s.contract_violations[kind.split(" (", maxsplit=1)[0]] += 1
         sig = f"violation: {kind}"
         s.signatures[sig] += 1
         if len(s.violations) < MAX_TRACEBACKS and s.signatures[sig] <= PER_SIGNATURE:
@@ -724,51 +745,115 @@ class Fuzzer:
         return list(itertools.pairwise(cuts))
 
     # --- one input -------------------------------------------------------------
-    def run_one(self, data: bytes, dialect: str) -> None:
+    def _feed(
+        self, data: bytes, dialect: str, opts: dict[str, Any], pieces: Pieces, gaps: list[int], zero_gaps: float = 0.0
+    ) -> tuple[list[Event], int]:
+        """Feed ``pieces`` of ``data`` (``gaps[i]`` reported after segment ``i``) to a fresh decoder, then close it.
+
+        With ``zero_gaps``, ``feed_gap(0)`` is also called before that share of the pieces (it must change nothing).
+        """
         rng = self.rng
+        dec = FrameDecoder(dialect, **opts)
+        events: list[Event] = []
+        for i, segment in enumerate(pieces):
+            for a, b in segment:
+                if zero_gaps and rng.random() < zero_gaps:
+                    events += dec.feed_gap(0)
+                events += dec.feed(data[a:b])
+            if i < len(gaps):
+                events += dec.feed_gap(gaps[i])
+        events += dec.close()
+        return events, dec.offset
+
+    def _segments_apart(
+        self, data: bytes, dialect: str, opts: dict[str, Any], segments: list[tuple[int, int]], gaps: list[int]
+    ) -> list[Any]:
+        """What a stream with gaps must decode to: each gap-free stretch by a decoder of its own (unaligned after a gap),
+        offsets shifted, and the ``end of stream`` of each stretch but the last read as the gap after it."""
+        stretches: list[tuple[int, int, int]] = []  # (start, end, gap after it or 0)
+        start = 0
+        for i, (_, b) in enumerate(segments):
+            gap = gaps[i] if i < len(gaps) else 0
+            if gap or i == len(segments) - 1:
+                stretches.append((start, b, gap))
+                start = b
+        out: list[Any] = []
+        shift = 0
+        for k, (a, b, gap) in enumerate(stretches):
+            for e in decode(data[a:b], dialect=dialect, **({**opts, "aligned": False} if k else opts)):
+                key = _event_key(e)
+                if gap and not isinstance(e, Frame):
+                    key = (*key[:3], key[3].replace("end of stream", f"gap of {gap} bytes"))
+                out.append((key[0], key[1] + shift, *key[2:]))
+            shift += b - a
+            if gap:
+                out.append(("gap", shift, gap))
+                shift += gap
+        return out
+
+    def check_decoder(self, data: bytes, dialect: str) -> tuple[list[Event], str] | None:
+        """Hold the decoder to its contracts on one input; return its events and how it was fed (``None`` if it raised).
+
+        * never raises: no call below raises;
+        * tiling: the events tile the input (see ``_check_tiling``);
+        * chunking: random chunks give the same events as one feed per gap-free segment;
+        * byte-by-byte: so does feeding one byte at a time;
+        * gaps: ``feed_gap(0)`` anywhere changes nothing, and a non-zero gap acts as the end of one stream and the
+          start of another, unaligned one (the events of each gap-free stretch decoded alone, shifted).
+        """
         s = self.stats
+        s.inputs += 1
         opts = self._options()
         segments, gaps = self._plan(len(data))
         detail = f"dialect={dialect} options={opts} segments={segments} gaps={gaps}"
-        # reference: decode() or one feed per segment
+        chunking: Pieces = [self._chunks(a, b) for a, b in segments]
+        by_byte: Pieces = [[(i, i + 1) for i in range(a, b)] for a, b in segments]
+        s.contract_checks["never raises"] += 1
+        s.with_gaps += any(gaps)
+        stage = "decode"
         try:
-            if not gaps:
-                ref = decode(data, dialect=dialect, **opts)
-            else:
-                dec = FrameDecoder(dialect, **opts)
-                ref = []
-                for i, (a, b) in enumerate(segments):
-                    ref += dec.feed(data[a:b])
-                    if i < len(gaps):
-                        ref += dec.feed_gap(gaps[i])
-                ref += dec.close()
+            ref, _ = self._feed(data, dialect, opts, [[seg] for seg in segments], gaps)
+            stage = "feed"
+            events, final_offset = self._feed(data, dialect, opts, chunking, gaps)
+            stage = "feed byte by byte"
+            single, _ = self._feed(data, dialect, opts, by_byte, gaps)
+            stage = "feed_gap(0)"
+            zero, _ = self._feed(data, dialect, opts, chunking, gaps, zero_gaps=0.3)
+            stage = "decode the gap-free stretches apart"
+            apart = self._segments_apart(data, dialect, opts, segments, gaps)
         except Exception as exc:
-            self._exception("decode", data, detail, exc)
-            return
-        # random chunking
-        chunking: list[list[tuple[int, int]]] = [self._chunks(a, b) for a, b in segments]
-        detail += f" chunks={chunking}"
-        try:
-            dec = FrameDecoder(dialect, **opts)
-            events: list[Event] = []
-            for i, pieces in enumerate(chunking):
-                for a, b in pieces:
-                    events += dec.feed(data[a:b])
-                if i < len(gaps):
-                    events += dec.feed_gap(gaps[i])
-            events += dec.close()
-            final_offset = dec.offset
-        except Exception as exc:
-            self._exception("feed", data, detail, exc)
-            return
+            s.contract_violations["never raises"] += 1
+            self._exception(stage, data, detail + (f" chunks={chunking}" if stage != "decode" else ""), exc)
+            return None
         s.bytes_fed += len(data)
+        s.contract_checks["tiling"] += 1
         self._check_tiling(data, gaps, segments, ref, None, detail + " [reference]")
+        detail += f" chunks={chunking}"
         self._check_tiling(data, gaps, segments, events, final_offset, detail)
-        if [_event_key(e) for e in ref] != [_event_key(e) for e in events]:
-            same_bytes = [_event_key(e)[:3] for e in ref] == [_event_key(e)[:3] for e in events]
-            kind = "chunking (garbage reason only)" if same_bytes else "chunking"
-            self._violation(kind, data, detail + f"\n  whole:   {ref}\n  chunked: {events}")
+        want = [_event_key(e) for e in ref]
+        for contract, got, how in (
+            ("chunking", events, "chunked"),
+            ("byte-by-byte", single, "byte by byte"),
+            ("gaps", zero, "with feed_gap(0) calls"),
+        ):
+            s.contract_checks[contract] += 1
+            keys = [_event_key(e) for e in got]
+            if keys != want:
+                same_bytes = [k[:3] for k in want] == [k[:3] for k in keys]
+                kind = f"{contract} (garbage reason only)" if same_bytes else contract
+                self._violation(kind, data, detail + f"\n  whole:   {ref}\n  {how}: {got}")
+        if any(gaps) and apart != want:
+            self._violation("gaps", data, detail + f"\n  with gaps:  {want}\n  stretches apart: {apart}")
+        return events, detail
 
+    def run_one(self, data: bytes, dialect: str) -> None:
+        """The decoder contracts, then dissect, ``event_dict`` and (now and then) render every event."""
+        rng = self.rng
+        s = self.stats
+        checked = self.check_decoder(data, dialect)
+        if checked is None:
+            return
+        events, detail = checked
         render = rng.randrange(RENDER_EVERY) == 0
         for ev in events:
             s.events[ev.type] += 1
@@ -907,6 +992,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=1_000_000, help="inputs (default 1,000,000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--per-variant", type=int, default=12, help="encoded seeds per (opcode, role, variant) (default 12)")
+    p.add_argument("--decoder-only", action="store_true", help="check the decoder's contracts only (no dissect, event_dict or render)")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -925,11 +1011,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(1, args.count + 1):
         data, dialect = fz.make_input()
         t = time.perf_counter()
-        fz.run_one(data, dialect)
+        if args.decoder_only:
+            fz.check_decoder(data, dialect)
+        else:
+            fz.run_one(data, dialect)
         dt = time.perf_counter() - t
         if dt > s.slowest[0]:
             s.slowest = (dt, data, dialect)
-        s.inputs = i
         if i % RSS_EVERY == 0 or i == args.count:
             cur, peak = rss_mib()
             blocks = sys.getallocatedblocks()
@@ -964,9 +1052,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     violations = s.tiling_violations + s.chunking_violations
     peak = max([rss_mib()[1]] + [max(cur, pk) for _, cur, pk, _ in series])
     end = series[-1][1]
+    print(f"\ndecoder contracts ({s.with_gaps:,} inputs fed with gaps):")
+    for contract in CONTRACTS:
+        print(f"  {contract:<14} checked on {s.contract_checks[contract]:>9,} inputs, {s.contract_violations[contract]:>6,} failures")
     print(
         f"\nfuzz: {s.inputs} inputs, {s.exceptions} exceptions, {violations} invariant violations "
-        f"({s.tiling_violations} tiling, {s.chunking_violations} chunking), rss MiB start/end/max {rss_start:.1f}/{end:.1f}/{peak:.1f}"
+        f"({s.tiling_violations} tiling, {s.chunking_violations} chunking/byte-by-byte/gaps), rss MiB start/end/max {rss_start:.1f}/{end:.1f}/{peak:.1f}"
     )
     return 1 if s.exceptions or violations else 0
 

@@ -23,6 +23,26 @@ Rules this module keeps:
 4. Memory is bounded: a declared body above ``max_body`` is garbage, never
    buffered; pending garbage is flushed every ``garbage_chunk`` bytes.
 5. It knows nothing of directions, roles or connections (``streams`` does).
+6. A header whose body never completes (the stream ends, or a gap cuts it)
+   does not swallow the frames after it.  Its bytes are framed again as if
+   every header in them whose frame runs past their end (this one first) were
+   implausible: such a header is *taken back*, its first byte garbage (a run
+   it starts has the reason ``header of a N-byte frame taken back (...)``).
+   What that gives is kept up to the first header taken back after the last
+   frame *in step* - one followed by another plausible header, or ending
+   exactly where the bytes end; from there on the bytes are one
+   :class:`Truncated`, as a genuinely cut last frame is (all of them when no
+   frame is in step).  It is decided at :meth:`FrameDecoder.close` or
+   :meth:`FrameDecoder.feed_gap` from the bytes held, so rule 3 holds; the
+   garbage before a header waiting for its body is reported with that frame
+   (at most ``garbage_chunk`` bytes wait).
+7. Resynchronising costs a bounded number of steps per byte, whatever the
+   bytes: a pattern finds, in C, the headers that can pass the strict rules
+   below (it reads the magic, opcode, datatype and body length), and only
+   those are judged in Python (the sections against the body).  However
+   hostile the input, that is under half of the positions (a header passing
+   the pattern has bytes 5 and 8 that no other one can start with), and for
+   the bytes seen in practice next to none.
 
 A header is *plausible* when its magic is known, its section lengths fit in
 its body, and the body is within ``max_body``.  While resynchronising (after
@@ -32,10 +52,11 @@ bits, so random bytes rarely pass for a frame.
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -302,24 +323,64 @@ Event = Frame | Garbage | Truncated | Gap
 
 
 class _Dialect:
-    __slots__ = ("body_index", "check", "header_size", "name", "search", "unpack_from")
+    __slots__ = ("body_index", "check", "header_size", "name", "search", "starts", "unpack_from")
 
-    def __init__(self, name: str, st: struct.Struct, body_index: int, search: re.Pattern[bytes]) -> None:
+    def __init__(self, name: str, st: struct.Struct, body_index: int, starts: Iterable[int]) -> None:
         self.name = name
         self.header_size = st.size
         self.unpack_from = st.unpack_from
         self.body_index = body_index
-        self.search = search.search
+        self.starts = frozenset(starts)  # the bytes a header can start with
+        self.search = re.compile(_byte_class(self.starts)).search
 
 
-_MCBP = _Dialect("mcbp", spec.HEADER, 6, re.compile(b"[" + b"".join(re.escape(bytes([m])) for m in spec.MAGICS) + b"]"))
-_UPR = _Dialect("upr", UPR_HEADER_STRUCT, 3, re.compile(b"[\x01-\x07]"))
+def _byte_class(values: Iterable[int]) -> bytes:
+    """A regex character class matching exactly ``values`` (bytes patterns)."""
+    return b"[" + b"".join(b"\\x%02x" % v for v in sorted(values)) + b"]"
+
+
+_MCBP = _Dialect("mcbp", spec.HEADER, 6, spec.MAGICS)
+_UPR = _Dialect("upr", UPR_HEADER_STRUCT, 3, UPR_OPCODES)
 _DIALECTS = {"mcbp": _MCBP, "upr": _UPR}
 _MAGICS = frozenset(spec.MAGICS)
 _ALT = spec.ALT_MAGICS
 _LENGTHS = struct.Struct(">BxHBxxxI")  # magic, key length field, extras length, body length
 _CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _KNOWN_OPS = frozenset(spec.COMMANDS)
+_UPR_LENGTH = struct.Struct(">8xI")
+
+
+def _at_most(limit: int, width: int) -> bytes:
+    """A regex matching the ``width``-byte big-endian numbers up to ``limit``."""
+    if limit >= 256**width - 1:
+        return b".{%d}" % width
+    top, rest = divmod(limit, 256 ** (width - 1))
+    if width == 1:
+        return _byte_class(range(top + 1))
+    below = [_byte_class(range(top)) + b".{%d}" % (width - 1)] if top else []
+    return b"(?:" + b"|".join([*below, _byte_class([top]) + _at_most(rest, width - 1)]) + b")"
+
+
+@functools.lru_cache(maxsize=16)
+def _candidate_pattern(dialect: str, max_body: int) -> Callable[..., re.Match[bytes] | None]:
+    """``search`` of a pattern for the headers that can pass the strict rules (resynchronising).
+
+    It checks, in C, every rule that reads bytes one field at a time: mcbp: a
+    known magic, a known opcode, no unknown datatype bit and a body length
+    within ``max_body``; upr: a known opcode, zero reserved bytes and a
+    length within ``max_body``.  What it lets through is judged in Python
+    (mcbp: the sections against the body), so a run of candidate bytes
+    (``0x80 0x80 ...``) costs a few pattern steps per byte, not a Python
+    check.  It matches whole headers only: a candidate too close to the end
+    of the input to be judged is found by the dialect's ``search``.
+    """
+    body = _at_most(max_body, 4)
+    if dialect == "mcbp":
+        datatypes = _byte_class(d for d in range(256) if not d & ~spec.DATATYPE_MASK)
+        pattern = _byte_class(spec.MAGICS) + _byte_class(_KNOWN_OPS) + b".{3}" + datatypes + b".{2}" + body + b".{12}"
+    else:
+        pattern = _byte_class(UPR_OPCODES) + b"\\x00{3}.{4}" + body
+    return re.compile(pattern, re.DOTALL).search
 
 
 def _implausible_mcbp(h: tuple[Any, ...], max_body: int, strict: bool) -> str | None:
@@ -398,6 +459,14 @@ class FrameDecoder:
         self._offset = 0  # stream offset after everything fed so far
         self._closed = False
         self._events: list[Event] = []
+        self._candidates = _candidate_pattern(dialect, max_body)
+        self._checks = 0  # headers judged in Python while resynchronising (the cost the tests hold down)
+        # taking back a header whose body never came (see _take_back)
+        self._taking_back = False
+        self._why = ""
+        self._taken: list[tuple[int, int]] = []  # (position, declared frame length) of headers taken back
+        self._taken_events = 0  # len(self._events) when the last of them was recorded
+        self._held: tuple[int, int] | None = None  # where _scan stopped on an incomplete header (position, 0)
 
     # --- public API ------------------------------------------------------------
     @property
@@ -442,6 +511,7 @@ class FrameDecoder:
                     buf += data
                     return events
                 buf += data[:missing]
+                self._flush_garbage()  # the garbage before it waited for it to complete (it could be taken back)
                 events.append(_tnew(Frame, (self._buf_off, bytes(buf), self.dialect)))
                 self._strict = False
                 base += missing
@@ -496,6 +566,8 @@ class FrameDecoder:
 
     # --- internals -------------------------------------------------------------
     def _flush_pending(self, why: str) -> None:
+        if self._need:
+            self._take_back(why)
         if self._buf and not self._need:
             # an incomplete header: bytes before the first possible start byte are garbage
             m = self._d.search(self._buf, 0)
@@ -518,6 +590,100 @@ class FrameDecoder:
             self._buf.clear()
             self._need = 0
 
+    def _take_back(self, why: str) -> None:
+        """A plausible header whose body never came (end of stream or a gap): decode its bytes again if frames follow it.
+
+        ``_buf`` holds the header and the part of its body that arrived.  They
+        are framed again as if every header whose frame runs past their end
+        (this one first) had been implausible: such a header is *taken back*,
+        its first byte garbage.  The result is kept up to the first header taken
+        back after the last frame in step (followed by another plausible header,
+        or ending exactly where the bytes end); from there on the bytes stay one
+        :class:`Truncated` frame, as they were - all of them when no frame is in
+        step.  One pass over the bytes, a bounded cost per byte.
+        """
+        held = bytes(self._buf)
+        off = self._buf_off
+        n = len(held)
+        need = self._need
+        self._buf.clear()
+        self._need = 0
+        events = self._events
+        mark = len(events)
+        self._taking_back = True
+        self._why = why
+        self._taken = [(0, need)]
+        self._taken_events = mark
+        self._held = None
+        paused = n > _GC_PAUSE_BYTES and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            self._add_garbage(held[:1], off, self._taken_back_reason(need, n))
+            self._strict = True
+            self._scan(held, off, 1)
+        finally:
+            self._taking_back = False
+            if paused:
+                gc.enable()
+        taken, rest, self._taken, self._held = self._taken, self._held, [], None
+        last = -1  # where the last frame in step starts
+        for i in range(len(events) - 1, mark - 1, -1):
+            e = events[i]
+            if type(e) is Frame and self._in_step(held, e[0] - off + len(e[1])):
+                last = e[0] - off
+                break
+        cut = next(((pos, length) for pos, length in taken if pos > last), None)
+        if cut is None:  # every header taken back is followed by frames in step
+            if rest is not None:  # an incomplete header at the end: flushed as usual
+                self._buf += held[rest[0] :]
+                self._buf_off = off + rest[0]
+            return
+        pos, length = cut
+        end = off + pos
+        while len(events) > mark and events[-1].offset >= end:
+            events.pop()
+        g = events[-1] if len(events) > mark else None
+        if isinstance(g, Garbage) and g.offset + g.length > end:
+            events[-1] = Garbage(g.offset, g.data[: end - g.offset], g.reason)
+        elif self._garbage and self._garbage_off < end:
+            events.append(Garbage(self._garbage_off, bytes(self._garbage[: end - self._garbage_off]), self._garbage_reason))
+        self._garbage.clear()
+        self._garbage_run = False
+        self._buf += held[pos:]
+        self._buf_off = end
+        self._need = length
+
+    def _taken_back_reason(self, length: int, left: int) -> str:
+        return f"header of a {length}-byte frame taken back ({self._why} after {left} bytes)"
+
+    def _note_taken(self, pos: int, length: int) -> None:
+        """Record a header taken back, if it is the first since an event.
+
+        A later one can be where the kept part ends only if a frame lies
+        between them, so the memory this takes is in proportion to the events.
+        """
+        if len(self._events) != self._taken_events:
+            self._taken.append((pos, length))
+            self._taken_events = len(self._events)
+
+    def _take_back_here(self, buf: bytes, pos: int, base: int, length: int) -> int:
+        """While taking back: the plausible header at ``pos`` runs past the end - it is garbage too."""
+        self._note_taken(pos, length)
+        self._add_garbage(buf[pos : pos + 1], base + pos, self._taken_back_reason(length, len(buf) - pos))
+        self._strict = True
+        return pos + 1
+
+    def _in_step(self, held: bytes, end: int) -> bool:
+        """Whether a frame ending at ``end`` of ``held`` ends it, or is followed by a plausible header."""
+        d = self._d
+        n = len(held)
+        if end == n:
+            return True
+        if end + d.header_size <= n:
+            return self._implausible(d.unpack_from(held, end), self.max_body, False) is None
+        return held[end] in d.starts
+
     def _flush_garbage(self) -> None:
         """End the current garbage run (a frame starts, a gap, the end of stream)."""
         if self._garbage:
@@ -539,8 +705,8 @@ class FrameDecoder:
             del g[:chunk]
             self._garbage_off += chunk
 
-    def _scan(self, buf: bytes, base: int) -> None:
-        """Frame ``buf`` (whose first byte is at stream offset ``base``)."""
+    def _scan(self, buf: bytes, base: int, pos: int = 0) -> None:
+        """Frame ``buf`` from ``pos`` on (``buf[0]`` is at stream offset ``base``)."""
         d = self._d
         hs = d.header_size
         unpack_from = d.unpack_from
@@ -550,7 +716,6 @@ class FrameDecoder:
         dialect = self.dialect
         app = self._events.append
         n = len(buf)
-        pos = 0
         while True:
             if self._strict or self._garbage:
                 pos = self._resync(buf, pos, base)
@@ -572,6 +737,9 @@ class FrameDecoder:
                     break
                 end = pos + hs + h[bi]
                 if end > n:
+                    if self._taking_back:
+                        pos = self._take_back_here(buf, pos, base, end - pos)
+                        break
                     self._keep(buf, pos, base, end - pos)
                     return
                 app(_tnew(Frame, (base + pos, buf[pos:end], dialect)))
@@ -610,6 +778,8 @@ class FrameDecoder:
                 return pos + 1
             end = pos + 24 + body
             if end > n:
+                if self._taking_back:
+                    return self._take_back_here(buf, pos, base, end - pos)
                 self._keep(buf, pos, base, end - pos)
                 return -1
             app(tnew(frame, (base + pos, buf[pos:end], "mcbp")))
@@ -619,38 +789,91 @@ class FrameDecoder:
         return -1
 
     def _resync(self, buf: bytes, pos: int, base: int) -> int:
-        """Skip to the next plausible header (strict rules); -1 if none in ``buf``."""
+        """Skip to the next plausible header (strict rules); -1 if none in ``buf``.
+
+        The candidate pattern finds, in C, the next header that can pass the
+        strict rules; only those are judged in Python.  The bytes skipped are
+        added to the garbage run in one piece (the reason of a run is its first
+        byte's, written out only when the run starts).
+        """
         d = self._d
         hs = d.header_size
         n = len(buf)
-        while pos < n:
-            m = d.search(buf, pos)
-            cand = m.start() if m is not None else n
-            if cand > pos:
-                self._add_garbage(buf[pos:cand], base + pos, "no plausible header")
-                pos = cand
-            if pos >= n:
-                return -1
-            if pos + hs > n:
-                # cannot judge yet: keep the candidate (pending garbage stays pending)
-                self._keep(buf, pos, base, 0)
-                return -1
-            h = d.unpack_from(buf, pos)
-            why = self._implausible(h, self.max_body, True)
-            if why is None:
-                self._flush_garbage()
-                self._strict = False
-                end = pos + hs + h[d.body_index]
-                if end > n:
-                    self._keep(buf, pos, base, end - pos)
-                    return -1
-                self._events.append(_tnew(Frame, (base + pos, buf[pos:end], self.dialect)))
-                return end
-            self._add_garbage(buf[pos : pos + 1], base + pos, why)
-            pos += 1
+        candidates = self._candidates
+        max_body = self.max_body
+        at = pos
+        if d is _MCBP:
+            unpack_from = _LENGTHS.unpack_from
+            alt = _ALT
+            while True:
+                m = candidates(buf, at)
+                if m is None:
+                    break
+                cand = m.start()
+                self._checks += 1
+                magic, kl, el, body = unpack_from(buf, cand)
+                if body <= max_body and ((kl >> 8) + (kl & 0xFF) + el if magic in alt else kl + el) <= body:
+                    if cand + hs + body <= n or not self._taking_back:
+                        return self._resynced(buf, pos, base, cand, hs + body)
+                    self._note_taken(cand, hs + body)  # taking back: it runs past the end, garbage too
+                at = cand + 1
+        else:
+            unpack_upr = _UPR_LENGTH.unpack_from
+            while True:
+                m = candidates(buf, at)
+                if m is None:
+                    break
+                cand = m.start()
+                self._checks += 1
+                (body,) = unpack_upr(buf, cand)
+                if body <= max_body:
+                    if cand + hs + body <= n or not self._taking_back:
+                        return self._resynced(buf, pos, base, cand, hs + body)
+                    self._note_taken(cand, hs + body)
+                at = cand + 1
+        # no plausible header starts before n - hs + 1; a candidate after that cannot be judged yet: keep it
+        m = d.search(buf, max(pos, n - hs + 1))
+        cut = m.start() if m is not None else n
+        if cut > pos:
+            self._add_garbage(buf[pos:cut], base + pos, self._run_reason(buf, pos))
+        if cut < n:
+            self._keep(buf, cut, base, 0)  # pending garbage stays pending
         return -1
 
+    def _resynced(self, buf: bytes, pos: int, base: int, cand: int, length: int) -> int:
+        """A plausible header at ``cand``: ``buf[pos:cand]`` is garbage; frame it (or keep it for its body)."""
+        if cand > pos:
+            self._add_garbage(buf[pos:cand], base + pos, self._run_reason(buf, pos))
+        self._strict = False
+        end = cand + length
+        if end > len(buf):
+            # pending garbage stays pending until the frame completes: if its body never comes, the header
+            # is taken back and joins the garbage run (see _take_back)
+            self._keep(buf, cand, base, length)
+            return -1
+        self._flush_garbage()
+        self._events.append(_tnew(Frame, (base + cand, buf[cand:end], self.dialect)))
+        return end
+
+    def _run_reason(self, buf: bytes, pos: int) -> str:
+        """Why ``buf[pos]`` (skipped while resynchronising) is garbage, if it starts a garbage run."""
+        if self._garbage_run:
+            return self._garbage_reason  # not used: a run keeps its first byte's reason
+        d = self._d
+        n = len(buf)
+        if buf[pos] in d.starts and pos + d.header_size <= n:
+            h = d.unpack_from(buf, pos)
+            why = self._implausible(h, self.max_body, True)
+            if why is None and self._taking_back:
+                length = d.header_size + h[d.body_index]
+                why = self._taken_back_reason(length, n - pos)
+            return why or "implausible header"
+        return "no plausible header"
+
     def _keep(self, buf: bytes, pos: int, base: int, need: int) -> None:
+        if self._taking_back:  # buf is the held bytes themselves: note where the scan stopped, copy nothing
+            self._held = (pos, need)
+            return
         self._buf += buf[pos:]
         self._buf_off = base + pos
         self._need = need
