@@ -779,9 +779,11 @@ def _diff(before: dict[str, Any], t: Timeline) -> tuple[list[Change], Stream | N
                 )
             )
     for st in t.stalls[before["stalls"] :]:
-        out.append(Change("stall", f"conn {st['conn']}: stall since frame {st['frame']} ended after {st['duration_ns'] / 1e9:.3f} s"))
+        took = "an unknown time" if st["duration_ns"] is None else f"{st['duration_ns'] / 1e9:.3f} s"
+        out.append(Change("stall", f"conn {st['conn']}: stall since frame {st['frame']} ended after {took}"))
     for n in t.noops[before["noops"] :]:
-        out.append(Change("noop", f"conn {n['conn']}: noop answered in {n['rtt_ns'] / 1e6:.3f} ms"))
+        took = "an unknown time" if n["rtt_ns"] is None else f"{n['rtt_ns'] / 1e6:.3f} ms"
+        out.append(Change("noop", f"conn {n['conn']}: noop answered in {took}"))
     for an in t.anomalies[before["anomalies"] :]:
         out.append(Change("anomaly", f"{an.kind}: {an.message}"))
     for c, sig in after["conns"].items():

@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from .flows import TS_UNKNOWN
 from .timeline import MAX_SEQNO, FlowSample, Stream, Timeline, stream_label
 
 __all__ = [
@@ -229,6 +230,8 @@ class _Clock:
             frames, ts = np.fromiter(known.keys(), dtype=np.int64), np.fromiter(known.values(), dtype=np.int64)
         else:
             frames, ts = np.asarray(known[0], dtype=np.int64), np.asarray(known[1], dtype=np.int64)
+        known_ts = ts != TS_UNKNOWN  # frames whose time is unknown are placed between their neighbours
+        frames, ts = frames[known_ts], ts[known_ts]
         order = np.argsort(frames, kind="stable")
         self.frames, self.ts = frames[order], ts[order]
         self.by_frame = x == "frame" or not len(self.frames)
@@ -660,7 +663,8 @@ def plot_flow(
             _tag(sc, af, f"acks:{c}")
         for st in stalls.get(c, ()):
             x0, x1 = clk([st["frame"], st["ack_frame"]])
-            span = a.axvspan(x0, x1, color=STALL, alpha=0.2, label=f"stall {st['duration_ns'] / 1e9:.2f} s")
+            took = "?" if st["duration_ns"] is None else f"{st['duration_ns'] / 1e9:.2f}"
+            span = a.axvspan(x0, x1, color=STALL, alpha=0.2, label=f"stall {took} s")
             _tag(span, [st["frame"], st["ack_frame"]], f"stall:{c}")
     a.set_xlabel(clk.label)
     a.set_ylabel("bytes outstanding")
@@ -700,7 +704,7 @@ def plot_noops(
     conns = _busiest(by_conn, MAX_CONNS)
     for k, c in enumerate(conns):
         colour = OKABE_ITO[k % len(OKABE_ITO)]
-        mine = by_conn[c]
+        mine = [n for n in by_conn[c] if n["rtt_ns"] is not None]  # a round trip with an unknown time is not drawn
         frames = [n["frame"] for n in mine]
         sc = a.scatter(clk(frames), [n["rtt_ns"] / 1e6 for n in mine], color=colour, s=30, label=f"conn {c} noop round trip")
         _tag(sc, frames, f"noops:{c}")
@@ -778,11 +782,13 @@ def _ts_names(frames: Any) -> tuple[np.ndarray, np.ndarray]:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        ts = frames.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        ts = frames.column("ts").cast(pa.int64()).fill_null(TS_UNKNOWN).to_numpy(zero_copy_only=False)
         is_frame = pc.equal(frames.column("type"), "frame")
         names = pc.if_else(is_frame, frames.column("name"), pa.scalar("capture problems")).to_numpy(zero_copy_only=False)
     else:  # pandas
         ts = np.asarray(frames["ts"].values).astype("datetime64[ns]").view(np.int64)
         names = np.where(frames["type"].to_numpy() == "frame", frames["name"].astype(object).to_numpy(), "capture problems")
     names = np.asarray([n if isinstance(n, str) else "unknown" for n in names], dtype=object)
-    return np.asarray(ts, dtype=np.int64), names.astype(str)
+    ts = np.asarray(ts, dtype=np.int64)
+    known = ts != TS_UNKNOWN  # a null time (out of range in the capture; NaT in pandas) cannot be placed
+    return ts[known], names[known].astype(str)

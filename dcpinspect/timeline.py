@@ -36,6 +36,7 @@ from . import spec
 from .columns import SEQNO_FIELD
 from .decoder import Frame
 from .dissect import DissectContext, Dissection, dissect
+from .flows import TS_UNKNOWN
 from .records import Record
 
 __all__ = [
@@ -438,7 +439,9 @@ class TimelineBuilder:
                 c.outstanding = max(0, c.outstanding - acked)
                 self._flow.append(FlowSample(c.info.conn, n, rec.ts, c.outstanding, "ack", acked))
                 if c.stalled_at is not None and c.info.buffer_size and c.outstanding < c.info.buffer_size:
-                    self._stalls.append({"conn": c.info.conn, "frame": c.stalled_at, "ack_frame": n, "duration_ns": rec.ts - c.stall_ts})
+                    self._stalls.append(
+                        {"conn": c.info.conn, "frame": c.stalled_at, "ack_frame": n, "duration_ns": _elapsed(c.stall_ts, rec.ts)}
+                    )
                     c.stalled_at = None
         elif op == 0x5C:
             c.noops[opaque] = (n, rec.ts)
@@ -686,9 +689,9 @@ class TimelineBuilder:
         if op == 0x5C:
             sent = c.noops.pop(opaque, None)
             if sent is not None:
-                rtt = rec.ts - sent[1]
+                rtt = _elapsed(sent[1], rec.ts)
                 self._noops.append({"conn": c.info.conn, "frame": sent[0], "reply_frame": n, "ts": sent[1], "rtt_ns": rtt})
-                if c.info.noop_interval and rtt > 2 * c.info.noop_interval * 1e9:
+                if c.info.noop_interval and rtt is not None and rtt > 2 * c.info.noop_interval * 1e9:
                     self._anomaly(
                         c,
                         "noop answered late",
@@ -1035,3 +1038,8 @@ def _name(op: int) -> str:
 def build_timeline(records: Iterable[Record]) -> Timeline:
     """The timeline of records (a capture, in bulk)."""
     return TimelineBuilder().feed_all(records).timeline()
+
+
+def _elapsed(start: int, end: int) -> int | None:
+    """``end - start`` in ns, or None when either time is unknown (a packet timestamp out of range)."""
+    return None if TS_UNKNOWN in (start, end) else end - start

@@ -32,6 +32,12 @@ def _df(rows: list[dict[str, Any]], columns: list[str], uint64: tuple[str, ...] 
     return df
 
 
+def _nullable(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """``col`` as nullable int64: a duration is unknown (null) where a packet's time was out of range."""
+    df[col] = df[col].astype("Int64")
+    return df
+
+
 def _ts(values: list[int]) -> pd.DatetimeIndex:
     return pd.to_datetime(np.array(values, np.int64), unit="ns", utc=True)
 
@@ -201,8 +207,8 @@ def timeline_frames(t: Timeline, *, items: bool = True) -> dict[str, pd.DataFram
             ("uuid", "start", "snap_start", "snap_end", "rollback_seqno", "predicted") if rollbacks else (),
         ),
         "flow": None,
-        "noops": _df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]),
-        "stalls": _df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]),
+        "noops": _nullable(_df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]), "rtt_ns"),
+        "stalls": _nullable(_df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]), "duration_ns"),
         "anomalies": _df(anomalies, list(anomalies[0]) if anomalies else ["kind", "frames", "message"]),
     }
     if items:

@@ -325,3 +325,56 @@ def test_branches_of_a_vbucket_with_hundreds_of_logs_are_cut_to_the_last() -> No
     assert "showing the last 64 of 200" in fig.axes[0].get_title()
     every = plots.plot_branches(copy_conn(t, branches={vb: t.branches[0][:2] for vb in range(10)}))  # type: ignore[arg-type]
     assert len(every.axes) == 8 and "showing 8 of 10 vbuckets" in every.get_suptitle()
+
+
+def test_a_time_out_of_range_leaves_durations_unknown_and_plots_drawn(tmp_path: Path) -> None:
+    """A noop reply and a buffer ack whose packets' times are past 2262: null durations, nothing raises or is drawn at 1677."""
+    import struct
+
+    from pcapfactory import Conn, Msg, write_capture
+
+    from dcpinspect import encode
+    from dcpinspect.explorer import _diff, _signature
+    from dcpinspect.report import render_report
+    from dcpinspect.timeline_tables import timeline_frames
+
+    mut = {"by_seqno": 1, "rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
+    msgs = [
+        Msg("c2s", encode("DCP_OPEN", key="c", extras={"flags": 0}, opaque=1)),
+        Msg("s2c", encode("DCP_OPEN", response=True, opaque=1)),
+        Msg("c2s", encode("DCP_CONTROL", key="connection_buffer_size", value=b"100", opaque=2)),
+        Msg("s2c", encode("DCP_CONTROL", response=True, opaque=2)),
+        Msg("c2s", encode("DCP_STREAM_REQ", vbucket=0, opaque=3, extras={"end_seqno": 2**64 - 1})),
+        Msg("s2c", encode("DCP_STREAM_REQ", response=True, opaque=3, value=[(0xFEED, 0)])),
+        Msg("s2c", encode("DCP_MUTATION", vbucket=0, opaque=3, extras=mut, key="k", value=bytes(200))),
+        Msg("s2c", encode("DCP_NOOP", opaque=9)),
+        Msg("c2s", encode("DCP_NOOP", response=True, opaque=9)),  # its packet's time: out of range
+        Msg("c2s", encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": 250}, opaque=4)),  # ends the stall: out of range too
+    ]
+    data = bytearray(write_capture(tmp_path / "c.pcapng", [Conn(msgs=msgs, close=None)], fmt="pcapng").path.read_bytes())
+    epbs, pos = [], 0
+    while pos < len(data):
+        btype, blen = struct.unpack_from("<II", data, pos)
+        if btype == 6:
+            epbs.append(pos)
+        pos += blen
+    for at in epbs[-2:]:  # the last two packets: the noop reply and the ack
+        struct.pack_into("<I", data, at + 12, 0xFFFFFFFF)
+    path = tmp_path / "late.pcapng"
+    path.write_bytes(bytes(data))
+    t = build_timeline(read_records([str(path)]))
+    assert [n["rtt_ns"] for n in t.noops] == [None]
+    assert [s["duration_ns"] for s in t.stalls] == [None]
+    dfs = timeline_frames(t)
+    assert dfs["noops"]["rtt_ns"].isna().all() and dfs["stalls"]["duration_ns"].isna().all()
+    ft = frames_table([str(path)])
+    assert ft.column("ts").null_count == 2
+    for fig in (plots.plot_noops(t), plots.plot_flow(t), plots.plot_opcodes(ft), plots.plot_seqnos(t, clock=plots.timeline_clock(t))):
+        FigureCanvasAgg(fig).draw()
+        for ax in fig.axes:
+            lo, hi = ax.get_xlim()
+            assert abs(lo) < 1e6 and abs(hi) < 1e6  # seconds since the first frame, not 9e9 s of a bogus time
+    changes, _ = _diff(_signature(build_timeline([])), t)  # what the stepper says frame by frame
+    assert sum("an unknown time" in c.text for c in changes) == 2
+    page = render_report(t, ft, [], counts={"files": 1, "frames": ft.num_rows, "connections": 1, "streams": 1, "anomalies": 0})
+    assert "<html" in page.lower()
