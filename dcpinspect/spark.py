@@ -2030,6 +2030,11 @@ class Pipeline:
         self._timeline = (t, counts, max_items)
         return t
 
+    def stream_items(self, *, max_items: int | None = None) -> dict[int, int]:
+        """The true item count of each stream of :meth:`timeline` (by index), however thinned its items are."""
+        self.timeline(max_items=max_items)
+        return dict(self._timeline[1]) if self._timeline is not None else {}
+
     def timeline_tables(self, *, max_items: int | None = None) -> dict[str, Any]:
         """The timeline DataFrames of :func:`dcpinspect.timeline_tables.timeline_frames` (pandas), with true item counts."""
         from .timeline_tables import timeline_frames
@@ -2317,7 +2322,7 @@ def analyze(
             from .report import render_report
 
             counts = {k: res[k] for k in ("files", "frames", "connections", "streams", "anomalies")}
-            page = render_report(t, picked, rows, counts=counts, sampled=n > limit)
+            page = render_report(t, picked, rows, counts=counts, sampled=n > limit, stream_items=p.stream_items(max_items=max_items))
             _write_text(f"{out}/report.html", page)
             lap("report")
         finish_output(out, entries, {k: res[k] for k in ("files", "frames", "connections", "streams", "anomalies")})
