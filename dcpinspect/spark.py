@@ -122,8 +122,10 @@ def get_session(
     from pyspark.sql import SparkSession
 
     remote = remote or os.environ.get("SPARK_REMOTE")
-    if remote:
+    if remote and remote.startswith("sc://"):
         return _connect_session(remote, connect_timeout)
+    if remote:  # "local[N]": Spark starts a Connect server in this process
+        return SparkSession.builder.remote(remote).getOrCreate()
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
