@@ -9,8 +9,6 @@ benchmarks/fuzz_captures.py (the big run: ``--count 5000``).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pcapfactory import Conn, Msg, write_capture
+from scripts import load_script
 
 from dcpinspect import dissect, encode
 from dcpinspect.batches import SCHEMA, read_batches
@@ -74,13 +73,7 @@ def test_corrupted_captures_never_crash(tmp_path: Path, fmt: str, edits: list[tu
 
 
 def _fuzz_module() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_captures.py"
-    spec = importlib.util.spec_from_file_location("fuzz_captures", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fuzz_captures", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/fuzz_captures.py")
 
 
 @pytest.mark.parametrize("seed", [101, 202, 303, 404, 505, 606])

@@ -7,22 +7,14 @@ mutation, and a few runs of the real client over TCP on 127.0.0.1 with a short r
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from scripts import load_script
 
 
 def _fuzz() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_client.py"
-    spec = importlib.util.spec_from_file_location("fuzz_client", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fuzz_client", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/fuzz_client.py")
 
 
 fuzz = _fuzz()

@@ -15,15 +15,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripts import load_script
 from strategies import chunks_of
 from test_decoder_properties import Program, assert_well_formed, rechunk, run
 
@@ -333,13 +331,7 @@ def test_bogus_header_property(dialect: str, data: st.DataObject, gap: int, garb
 
 
 def _load_fuzz() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.py"
-    spec_ = importlib.util.spec_from_file_location("dcpinspect_bench_fuzz", path)
-    assert spec_ is not None and spec_.loader is not None
-    mod = importlib.util.module_from_spec(spec_)
-    sys.modules[spec_.name] = mod
-    spec_.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/fuzz.py")
 
 
 def test_fuzz_decoder_contracts_slice() -> None:

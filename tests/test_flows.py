@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripts import load_script
 
 from dcpinspect import decode, encode
 from dcpinspect.flows import ACK, FIN, RST, SYN, Reassembler, Segment
@@ -515,10 +515,7 @@ def test_the_out_of_order_bound_gives_up_the_earliest_hole_exactly() -> None:
 
 
 def test_fuzz_slice_matches_the_ground_truth() -> None:
-    spec = importlib.util.spec_from_file_location("fuzz_reassembly", Path(__file__).parents[1] / "benchmarks" / "fuzz_reassembly.py")
-    assert spec is not None and spec.loader is not None
-    fuzz = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fuzz)
+    fuzz = load_script("benchmarks/fuzz_reassembly.py")
     failures = {seed: problem for seed in range(200) if (problem := fuzz.trial(seed))}
     assert failures == {}
     assert fuzz.shared(range(1000, 1100)) == {}  # one long-lived reassembler: pruning and port reuse change nothing

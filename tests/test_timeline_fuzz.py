@@ -9,11 +9,10 @@ any order, on a few vbuckets and opaques so that they meet.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripts import load_script
 from strategies import ALL_VARIANTS, fuzz_mcbp_frame, mcbp_case
 
 from dcpinspect import spec
@@ -22,8 +21,7 @@ from dcpinspect.dissect import DissectContext
 from dcpinspect.records import FRESH, Record
 from dcpinspect.timeline import EXPECTS_RESPONSE, TimelineBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fuzz_timeline  # a benchmark script: importable from its directory only
+fuzz_timeline = load_script("benchmarks/fuzz_timeline.py")
 
 #: every DCP command and every other command the builder reads
 FOLLOWED = sorted({op for op, cmd in spec.COMMANDS.items() if cmd.name.startswith("DCP_")} | EXPECTS_RESPONSE)
