@@ -222,6 +222,27 @@ def _legend(ax: Axes, theme: str) -> None:
         text.set_color(colours["fg"])
 
 
+def _ns(values: Any) -> np.ndarray:
+    """Timestamps (ints, datetimes, or floats where a null made them NaN) as int64 ns; a null is :data:`TS_UNKNOWN`."""
+    dtype = getattr(values, "dtype", None)
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        arr = np.asarray(values)
+        out = np.full(len(arr), TS_UNKNOWN, np.int64)
+        ok = np.isfinite(arr)
+        out[ok] = arr[ok].astype(np.int64)
+        return out
+    try:
+        return np.asarray(values, dtype=np.int64)  # ints; datetimes, zoned too (NaT is int64's minimum: TS_UNKNOWN)
+    except (TypeError, ValueError):  # nullable integers with a null: one by one
+        out = np.empty(len(values), np.int64)
+        for i, v in enumerate(values):
+            try:
+                out[i] = v.value if hasattr(v, "value") else int(v)
+            except (TypeError, ValueError):
+                out[i] = TS_UNKNOWN
+        return out
+
+
 class _Clock:
     """Frame number -> seconds since the first frame shown (exact where known, else interpolated)."""
 
@@ -229,7 +250,7 @@ class _Clock:
         if isinstance(known, Mapping):
             frames, ts = np.fromiter(known.keys(), dtype=np.int64), np.fromiter(known.values(), dtype=np.int64)
         else:
-            frames, ts = np.asarray(known[0], dtype=np.int64), np.asarray(known[1], dtype=np.int64)
+            frames, ts = np.asarray(known[0], dtype=np.int64), _ns(known[1])
         known_ts = ts != TS_UNKNOWN  # frames whose time is unknown are placed between their neighbours
         frames, ts = frames[known_ts], ts[known_ts]
         order = np.argsort(frames, kind="stable")

@@ -368,3 +368,21 @@ def test_a_click_on_a_plot_selects_its_frame() -> None:
     assert v.model.selected == target and f"frame {target}" in v.annotation.value
     v.stream_img.click = [1.0, 1.0, 2]  # on nothing: the selection stays
     assert v.model.selected == target
+
+
+def test_explore_and_step_a_capture_with_times_out_of_range(tmp_path: Path) -> None:
+    """A packet time past 2262 (one flipped bit) crashed the explorer's columnar load; now the time is null and all is shown."""
+    from pcapfactory import write_hostile_headers
+
+    from dcpinspect.widgets import ExplorerView
+
+    for name in ("pcapng_ts_out_of_range", "pcapng_bad_tsresol"):
+        path = str(write_hostile_headers(tmp_path / name)[name])
+        v = dcpinspect.explore(path)
+        assert isinstance(v, ExplorerView) and v.model.total == 8
+        v.frames.value = v.frames.options[-1][1]
+        assert "frame" in v.annotation.value
+        s = dcpinspect.stepper(path)
+        assert len(s.model) == 8
+        s.model.goto(len(s.model) - 1)
+        assert s.model.current is not None and s.model.current.record.number == 8
