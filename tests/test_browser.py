@@ -31,6 +31,7 @@ from dcpinspect.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.render import annotate, value_text
 from dcpinspect.widgets import _label
 
+pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 BRANCHES = ROOT / "captures" / "live-failover-branches.pcap"
 EVIL = "<script>alert(1)</script>"

@@ -17,7 +17,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 from pcapfactory import Conn, Msg, pcap_records, write_bad_files, write_capture, write_hostile_headers
-from tshark import TSHARK, opaque_value, tshark_frames
+from tshark import needs_tshark, opaque_value, tshark_frames
 
 from dcpinspect import capture, decode, dissect, encode
 from dcpinspect.batches import SCHEMA, read_batches
@@ -217,7 +217,7 @@ def test_bad_files(tmp_path: Path) -> None:
 # --- the independent decoder -------------------------------------------------------
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 @pytest.mark.parametrize("linktype", ["ether", "sll"])
 def test_tshark_agrees_on_clean_captures(tmp_path: Path, linktype: str) -> None:
     conns = [Conn(msgs=dcp_conversation(40)), Conn(client=("10.0.0.5", 50001), msgs=dcp_conversation(25, vb=9, opaque=0x2000))]
@@ -245,7 +245,7 @@ def test_tshark_agrees_on_clean_captures(tmp_path: Path, linktype: str) -> None:
             assert int(p["couchbase.extras.by_seqno"]) == d.extras["by_seqno"]
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 def test_tshark_stops_after_a_lost_segment_we_resync(tmp_path: Path) -> None:
     w = write_capture(tmp_path / "c.pcap", [Conn(msgs=dcp_conversation(60))], mss=300, drop=[10])
     theirs = [p for p in tshark_frames(w.path) if int(p["couchbase.opcode"], 16) == 0x57]

@@ -15,7 +15,7 @@ from dcpinspect.columns import COLUMN_NAMES, JSON_COLUMNS
 THIRD_PARTY = Path(__file__).resolve().parents[1].parent / "shared" / "captures" / "third-party"
 STATS = THIRD_PARTY / "packetbeat_memcache_bin_tcp_stats.pcap"
 COUNTER = THIRD_PARTY / "packetbeat_memcache_bin_tcp_counter_ops.pcap"
-pytestmark = pytest.mark.skipif(not THIRD_PARTY.is_dir(), reason="../shared/captures/third-party is absent")
+pytestmark = [pytest.mark.shared, pytest.mark.skipif(not THIRD_PARTY.is_dir(), reason="../shared/captures/third-party is absent")]
 
 
 def run(*argv: str) -> tuple[int, str]:

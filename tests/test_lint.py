@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.lint
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["dcpinspect", "tests", "benchmarks", "captures"]
 

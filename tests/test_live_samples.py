@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tshark import TSHARK, opaque_value, tshark_frames
+from tshark import needs_tshark, opaque_value, tshark_frames
 
 from dcpinspect import dissect, spec
 from dcpinspect.records import CaptureStats, Record, read_records
@@ -336,7 +336,7 @@ def _server_port(records: list[Record]) -> int:
 _DCP_KEYED = frozenset((0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63))
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 @pytest.mark.parametrize("name", CLEAN)
 def test_tshark_agrees_on_the_live_samples(name: str) -> None:
     _, _, _, records, _ = load(name)

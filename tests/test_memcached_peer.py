@@ -23,7 +23,8 @@ from dcpinspect.records import Record
 
 MEMCACHED = shutil.which("memcached") or ("/usr/bin/memcached" if Path("/usr/bin/memcached").exists() else None)
 bmemcached = pytest.importorskip("bmemcached", reason="python-binary-memcached is not installed (pip install -e '.[dev]')")
-pytestmark = pytest.mark.skipif(MEMCACHED is None, reason="memcached is not installed (apt-get install memcached)")
+pytestmark = [pytest.mark.memcached, pytest.mark.tshark]  # tshark reads its captures back when installed
+pytestmark.append(pytest.mark.skipif(MEMCACHED is None, reason="memcached is not installed (apt-get install memcached)"))
 
 
 def _free_port() -> int:

@@ -11,6 +11,9 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
+pytestmark = pytest.mark.notebooks
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)

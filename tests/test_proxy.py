@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tshark import TSHARK, opaque_value, tshark_frames
+from tshark import needs_tshark, opaque_value, tshark_frames
 
 from dcpinspect import dissect, encode
 from dcpinspect.columns import JSON_COLUMNS
@@ -242,7 +242,7 @@ def test_bytes_identical_both_ways_concurrent_and_records_equal_the_pcap(tmp_pat
     assert set(by_conn.values()) == sent
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 def test_tshark_agrees_with_the_written_capture(tmp_path: Path) -> None:
     pcap = tmp_path / "tap.pcap"
     c2s, s2c = requests(150, seed=1, big=200_000), responses(150, seed=1, big=100_000)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tshark import TSHARK, tshark_frames
+from tshark import needs_tshark, tshark_frames
 
 from dcpinspect import dissect
 from dcpinspect.records import CaptureStats, read_records
@@ -73,13 +73,13 @@ def test_seed_000_sample_matches_the_seed() -> None:
     assert [r.direction for r in recs] == ["c2s", "s2c", "c2s", "s2c"]  # type: ignore[attr-defined]
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 def test_tshark_reads_the_samples() -> None:
     assert len(tshark_frames(CAPTURES / "dcp-session.pcap")) == 25
     assert len(tshark_frames(CAPTURES / "seed-000-rollback-retry.pcap")) == 4
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@needs_tshark
 @pytest.mark.parametrize("name", ["dcp-session.pcap", "seed-000-rollback-retry.pcap"])
 def test_tshark_agrees_on_the_samples(name: str) -> None:
     from tshark import opaque_value

@@ -17,7 +17,7 @@ from dcpinspect import Frame, breakdown, byte_table, decode, dissect
 from dcpinspect.examples import EXAMPLES, UNFINISHED_UPR_STREAM_MESSAGE, example
 from dcpinspect.render import annotate
 
-pytestmark = pytest.mark.skipif(not SEEDS.is_dir(), reason="../shared/seeds is absent")
+pytestmark = [pytest.mark.shared, pytest.mark.skipif(not SEEDS.is_dir(), reason="../shared/seeds is absent")]
 
 #: seed grid -> example name, in the order the seeds draw them
 ORDER = {

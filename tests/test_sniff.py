@@ -389,6 +389,7 @@ def test_masker_unplaceable_midstream_oversized_and_server_side() -> None:
 
 
 @needs_root
+@pytest.mark.tshark
 @pytest.mark.parametrize("keep", [False, True])
 def test_sniffed_pcap_masks_sasl_plain_and_scram_secrets(tmp_path: Path, keep: bool) -> None:
     from tshark import TSHARK, tshark_frames

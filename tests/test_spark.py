@@ -33,6 +33,8 @@ if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
 
 from dcpinspect import spark as sp
 
+pytestmark = pytest.mark.spark
+
 CAPTURES = Path(__file__).parent.parent / "captures"
 SHIPPED = sorted(str(p) for p in CAPTURES.glob("*.pcap"))
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}

@@ -14,6 +14,7 @@ import pytest
 
 from dcpinspect import spark as sp
 
+pytestmark = pytest.mark.spark
 CAPTURE = str(Path(__file__).parent.parent / "captures" / "seed-000-rollback-retry.pcap")
 ENTRIES = sp.analyze_outputs(items=False, report=True)
 

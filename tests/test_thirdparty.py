@@ -24,7 +24,7 @@ EXPECTED = {
     "packetbeat_memcache_bin_tcp_stats.pcap": 60,
 }
 
-pytestmark = pytest.mark.skipif(not THIRD_PARTY.is_dir(), reason="../shared/captures/third-party is absent")
+pytestmark = [pytest.mark.shared, pytest.mark.skipif(not THIRD_PARTY.is_dir(), reason="../shared/captures/third-party is absent")]
 
 
 def _directions(path: Path) -> dict[tuple[str, int, str, int], list[bytes]]:
@@ -88,6 +88,7 @@ def test_third_party_capture_through_the_capture_reader(name: str) -> None:
     assert [r.number for r in records] == list(range(1, len(records) + 1))
 
 
+@pytest.mark.tshark
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_tshark_agrees_on_third_party_captures(name: str) -> None:
     from tshark import TSHARK, opaque_value, tshark_frames

@@ -28,14 +28,22 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_FIELDS", "TSHARK", "TsharkError", "opaque_value", "tshark_frames", "tshark_version"]
+import pytest
+
+__all__ = ["DEFAULT_FIELDS", "TSHARK", "TsharkError", "needs_tshark", "opaque_value", "tshark_frames", "tshark_version"]
 
 #: the tshark binary, or None when it is not installed
 TSHARK: str | None = os.environ.get("TSHARK") or shutil.which("tshark")
+
+
+def needs_tshark(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a test ``tshark`` (``-m "not tshark"`` leaves it out), and skip it where tshark is not installed."""
+    return pytest.mark.tshark(pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")(test))
+
 
 DEFAULT_FIELDS: tuple[str, ...] = (
     "frame.number",
