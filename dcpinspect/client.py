@@ -244,7 +244,7 @@ class DcpClient:
                     self._events(consumer.connection_failed(f"connection error: {exc.strerror or exc}"))
                 if consumer.done:
                     break
-                # (streams closing: read on until their STREAM_END(Closed) (FACTS §6.3) or the timeout)
+                # (streams closing: read on until their STREAM_END(Closed) or the timeout: the server may send queued messages first)
                 try:
                     data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
                 except TimeoutError:
