@@ -38,12 +38,11 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from . import spec
-from .capture import TS_MAX, TS_UNKNOWN
 from .columns import COLUMN_NAMES, DCP_COLUMNS, FRAME_COLUMNS, FrameColumns, dcp_values
 from .decoder import Frame
 from .dissect import _DOC_KINDS, _GENERIC, DissectContext, _names, _select
 from .fields import ENUM, FLAGS, Variant
-from .flows import DEFAULT_SERVER_PORTS
+from .flows import DEFAULT_SERVER_PORTS, TS_MAX, TS_UNKNOWN
 from .records import CaptureStats, RecordChunk, gc_paused, read_chunks
 
 __all__ = ["SCHEMA", "arrow_schema", "chunk_batch", "read_batches", "record_batches"]
@@ -504,7 +503,7 @@ def chunk_batch(chunk: RecordChunk) -> pa.RecordBatch:
 
 
 def _times(values: list[int]) -> np.ndarray:
-    """Packet times (ns) as int64; one no ``timestamp[ns]`` can hold becomes :data:`~dcpinspect.capture.TS_UNKNOWN`."""
+    """Packet times (ns) as int64; one no ``timestamp[ns]`` can hold becomes :data:`~dcpinspect.flows.TS_UNKNOWN`."""
     try:
         return np.array(values, np.int64)
     except (OverflowError, TypeError):  # not from a capture file (its reader has already done this)
@@ -512,7 +511,7 @@ def _times(values: list[int]) -> np.ndarray:
 
 
 def _ts_array(ts: np.ndarray, tstype: pa.DataType) -> pa.Array:
-    """int64 ns as the timestamp column: :data:`~dcpinspect.capture.TS_UNKNOWN` is null."""
+    """int64 ns as the timestamp column: :data:`~dcpinspect.flows.TS_UNKNOWN` is null."""
     unknown = ts == TS_UNKNOWN
     return pa.array(ts, mask=unknown if unknown.any() else None).cast(tstype)
 

@@ -27,13 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from .flows import TS_UNKNOWN  # the time of a packet whose timestamp is out of range
+from .flows import TS_MAX, TS_UNKNOWN  # the latest time a table holds; the time of a packet past it
 
 __all__ = ["MAX_RECORD", "TS_MAX", "TS_UNKNOWN", "CaptureError", "CaptureReader", "RawPacket", "time_problem"]
 
 MAX_RECORD = 256 * 1024 * 1024  # a record claiming more is corrupt
-#: the latest packet time a ``timestamp[ns]`` column holds (int64 ns: 2262-04-11T23:47:16.854775807)
-TS_MAX = 2**63 - 1
 _PIECE = 1 << 20  # reads longer than this go in pieces of at least this size (see ``_read``)
 _PCAP_MAGICS = {
     b"\xd4\xc3\xb2\xa1": ("<", 1_000),  # little-endian, microseconds (ns factor)

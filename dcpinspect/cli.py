@@ -278,7 +278,7 @@ def _cmd_frames(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    from .capture import TS_UNKNOWN
+    from .flows import TS_UNKNOWN
     from .records import CaptureStats
 
     stats = CaptureStats()

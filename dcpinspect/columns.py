@@ -9,7 +9,7 @@ uint64 convention: CAS, vbucket UUIDs and seqnos (``end seqno`` is often
 2^64-1) are unsigned 64-bit.  They stay ``uint64`` in Arrow and parquet,
 become pandas' nullable ``UInt64``, print as JSON numbers, and (Spark has no
 unsigned types) become ``decimal(20,0)`` there.  Missing values are nulls;
-so is a time no ``timestamp[ns]`` can hold (:data:`~dcpinspect.capture.TS_UNKNOWN`,
+so is a time no ``timestamp[ns]`` can hold (:data:`~dcpinspect.flows.TS_UNKNOWN`,
 a packet whose timestamp was out of range).
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .capture import TS_MAX, TS_UNKNOWN
 from .dissect import Dissection, dissect
+from .flows import TS_MAX, TS_UNKNOWN
 from .records import Record
 
 __all__ = ["DCP_COLUMNS", "FRAME_COLUMNS", "JSON_COLUMNS", "FrameColumns", "dcp_values"]

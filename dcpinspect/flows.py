@@ -52,6 +52,7 @@ from .spec import HEADER
 __all__ = [
     "DEFAULT_SERVER_PORTS",
     "TLS_PORTS",
+    "TS_MAX",
     "TS_UNKNOWN",
     "Batch",
     "Connection",
@@ -64,6 +65,8 @@ __all__ = [
 
 #: a segment's time when its packet's timestamp was out of range: int64's minimum (numpy's NaT), a null ``ts`` in every table
 TS_UNKNOWN = -(2**63)
+#: the latest packet time a ``timestamp[ns]`` column holds (int64 ns: 2262-04-11T23:47:16.854775807)
+TS_MAX = 2**63 - 1
 DEFAULT_SERVER_PORTS = frozenset((11210, 11209, 11211))
 TLS_PORTS = frozenset((11207,))
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10

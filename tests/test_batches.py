@@ -20,9 +20,9 @@ from strategies import ALL_VARIANTS, mcbp_case
 
 from dcpinspect import DissectContext, encode
 from dcpinspect.batches import SCHEMA, chunk_batch, read_batches
-from dcpinspect.capture import TS_MAX, TS_UNKNOWN
 from dcpinspect.columns import FrameColumns
 from dcpinspect.decoder import FrameDecoder
+from dcpinspect.flows import TS_MAX, TS_UNKNOWN
 from dcpinspect.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.records import CaptureStats, Record, RecordChunk, read_chunks, read_records
 
