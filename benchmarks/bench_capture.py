@@ -8,7 +8,7 @@ measures in one run:
 
 * tshark ``-T fields -e couchbase.opcode -e couchbase.vbucket`` with TCP
   desegmentation (Wireshark's couchbase dissector) - frames/s;
-* ``dcpinspect.tables.frames_table`` (every column of the frames table) -
+* ``dcpinspect.tables.export.frames_table`` (every column of the frames table) -
   frames/s and the ratio to tshark (target >= 15x);
 * the streaming record iterator alone (``read_records``) - frames/s;
 * peak RSS of the streaming path in a child process, for this capture and
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from dcpinspect import encode
-from dcpinspect.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 
 MSS = 1448
 CONNS = 4
@@ -108,7 +108,7 @@ def time_tshark(path: Path) -> tuple[float, int] | None:
 
 
 def time_table(path: Path) -> tuple[float, int]:
-    from dcpinspect.tables import frames_table
+    from dcpinspect.tables.export import frames_table
 
     t = time.perf_counter()
     table = frames_table(str(path))
@@ -116,7 +116,7 @@ def time_table(path: Path) -> tuple[float, int]:
 
 
 def time_stream(path: Path) -> tuple[float, int]:
-    from dcpinspect.records import read_records
+    from dcpinspect.capture.read import read_records
 
     t = time.perf_counter()
     n = sum(1 for _ in read_records([str(path)]))
@@ -127,9 +127,9 @@ def child_rss(path: Path, table: bool = False) -> tuple[float, str]:
     """Peak RSS (MiB) of a fresh process running the streaming path (or building the table)."""
     # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into a forked child
     work = (
-        "from dcpinspect.tables import frames_table\nt=frames_table(sys.argv[1])\nn=t.num_rows\nextra=f'{t.nbytes/2**20:.0f}'\n"
+        "from dcpinspect.tables.export import frames_table\nt=frames_table(sys.argv[1])\nn=t.num_rows\nextra=f'{t.nbytes/2**20:.0f}'\n"
         if table
-        else "from dcpinspect.records import read_records\nn=sum(1 for _ in read_records([sys.argv[1]]))\nextra=''\n"
+        else "from dcpinspect.capture.read import read_records\nn=sum(1 for _ in read_records([sys.argv[1]]))\nextra=''\n"
     )
     code = (
         "import sys\n" + work + "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\nprint(n, hwm, extra)\n"

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dcpinspect import FrameDecoder, dissect, encode
-from dcpinspect.decoder import Frame
+from dcpinspect.wire.events import Frame
 
 FRAMING_TARGET = 1_500_000  # frames/s
 DISSECT_TARGET = 300_000  # frames/s

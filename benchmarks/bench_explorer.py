@@ -3,7 +3,7 @@
     python benchmarks/bench_explorer.py [--frames 1000000] [--keep DIR]
 
 Writes the capture of ``bench_capture.py`` (N DCP_MUTATIONs on 4 interleaved
-connections) and times the explorer's model (``dcpinspect.explorer.ExplorerModel``,
+connections) and times the explorer's model (``dcpinspect.views.explorer.ExplorerModel``,
 what the widget drives):
 
 * open in the background: until the first page can be shown (first chunk read);
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_capture import write_capture
 
-from dcpinspect.explorer import ExplorerModel
+from dcpinspect.views.explorer import ExplorerModel
 
 
 def timed(label: str, fn, results: list[tuple[str, float]]):

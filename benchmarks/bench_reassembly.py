@@ -2,7 +2,7 @@
 
     python benchmarks/bench_reassembly.py [--pending 4000] [--connections 16000]
 
-Measures :class:`dcpinspect.flows.Reassembler` in one run:
+Measures :class:`dcpinspect.flows.reassembly.Reassembler` in one run:
 
 * holes: ``--pending`` one-byte segments wait behind holes (out of order),
   then 2,000 in-order one-byte segments arrive (the cost of each), then the
@@ -27,7 +27,7 @@ import time
 import tracemalloc
 
 from dcpinspect import encode
-from dcpinspect.flows import ACK, FIN, SYN, Reassembler, Segment
+from dcpinspect.flows.reassembly import ACK, FIN, SYN, Reassembler, Segment
 
 C = ("10.0.0.1", 50000)
 S = ("10.0.0.2", 11210)

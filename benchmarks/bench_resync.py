@@ -38,7 +38,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from dcpinspect import FrameDecoder, spec
+from dcpinspect import FrameDecoder
+from dcpinspect.protocol import spec
 
 
 def _noops_with_bogus_header(size: int) -> bytes:

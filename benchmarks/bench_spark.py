@@ -95,7 +95,9 @@ def spark_run(paths: list[str], cores: int, split_size: int, out_dir: str, dataf
             time.sleep(0.25)
 
     threading.Thread(target=sample, daemon=True).start()
-    from dcpinspect import spark as sp
+    import dcpinspect.spark as sp
+    from dcpinspect.spark.analysis import REPORT_ITEMS
+    from dcpinspect.spark.frametable import write_dataframe
 
     out: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -127,10 +129,10 @@ def spark_run(paths: list[str], cores: int, split_size: int, out_dir: str, dataf
     out["frames+write"] = time.perf_counter() - t
     assert num.frames == res["frames"]
     t = time.perf_counter()
-    p.write_frames(out_dir, build=True, max_items=sp.REPORT_ITEMS)
+    p.write_frames(out_dir, build=True, max_items=REPORT_ITEMS)
     out["frames+timelines+write"] = time.perf_counter() - t
     t = time.perf_counter()
-    p.timeline(max_items=sp.REPORT_ITEMS)
+    p.timeline(max_items=REPORT_ITEMS)
     out["merge"] = time.perf_counter() - t
     out["pipeline"] = out["split+segments"] + out["status+sizes"] + out["frames+write"]
     out["analyze"] = out["split+segments"] + out["status+sizes"] + out["frames+timelines+write"] + out["merge"]
@@ -140,7 +142,7 @@ def spark_run(paths: list[str], cores: int, split_size: int, out_dir: str, dataf
         p.numbering()
         out["keys"] = time.perf_counter() - t
         t = time.perf_counter()
-        sp._write_frames(spark, p.frames(), out_dir + "-spark")
+        write_dataframe(spark, p.frames(), out_dir + "-spark")
         out["frames+spark write"] = time.perf_counter() - t
     out["total"] = time.perf_counter() - t0
     stop.set()
@@ -168,7 +170,7 @@ def main() -> int:
     size = sum(p.stat().st_size for p in paths)
     print(f"captures: {len(paths)} files, {size / 2**20:.0f} MiB ({time.perf_counter() - t:.0f} s to write) in {directory}")
 
-    from dcpinspect.batches import read_batches
+    from dcpinspect.tables.frames_vector import read_batches
 
     t = time.perf_counter()
     single = sum(b.num_rows for b in read_batches([str(p) for p in paths]))
@@ -177,7 +179,7 @@ def main() -> int:
     print(f"single process (read_batches, streamed): {single:,} frames in {dt_single:.1f} s = {fps_single:,.0f} frames/s")
     import pyarrow.parquet as pq
 
-    from dcpinspect.batches import SCHEMA
+    from dcpinspect.tables.frames_vector import SCHEMA
 
     t = time.perf_counter()
     with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
@@ -185,15 +187,16 @@ def main() -> int:
             w.write_batch(b)
     dt_single_pq = time.perf_counter() - t
     print(f"single process + parquet write (pyarrow): {dt_single_pq:.1f} s = {single / dt_single_pq:,.0f} frames/s")
-    from dcpinspect.records import read_records
+    from dcpinspect.capture.read import read_records
     from dcpinspect.timeline import build_timeline
 
     t = time.perf_counter()
     build_timeline(read_records([str(p) for p in paths]))
     dt_tl = time.perf_counter() - t
     print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
-    from dcpinspect.batches import chunk_batch
-    from dcpinspect.records import gc_paused, read_chunks
+    from dcpinspect.capture.read import read_chunks
+    from dcpinspect.flows.records import gc_paused
+    from dcpinspect.tables.frames_vector import chunk_batch
     from dcpinspect.timeline import TimelineBuilder
 
     t = time.perf_counter()

@@ -36,8 +36,8 @@ from pathlib import Path
 from bench_capture import write_capture
 
 from dcpinspect import encode
-from dcpinspect.pcapwrite import PcapWriter, TcpConversation
-from dcpinspect.records import read_records
+from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.capture.read import read_records
 from dcpinspect.timeline import MAX_SEQNO, TimelineBuilder
 
 CONNS = 4
@@ -150,7 +150,7 @@ def measure_streams(work: Path, n: int, report: bool) -> None:
     if report:
         import pandas as pd
 
-        from dcpinspect.report import render_report
+        from dcpinspect.views.report import render_report
 
         frames = pd.DataFrame({"ts": pd.to_datetime([r.ts for r in records], unit="ns", utc=True), "type": "frame", "name": "DCP_MUTATION"})
         t = time.perf_counter()

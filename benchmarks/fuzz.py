@@ -2,8 +2,8 @@
 
 Inputs (``--count``, default 10^6, all small: mostly under 200 bytes) are:
 
-* valid frames built with :func:`dcpinspect.encode` for every opcode of
-  ``dcpinspect.spec.COMMANDS``, both roles and every variant name (plus the
+* valid frames built with :func:`dcpinspect.wire.encode` for every opcode of
+  ``dcpinspect.protocol.spec.COMMANDS``, both roles and every variant name (plus the
   seed documents' packets, unknown opcodes and server magics), used as they
   are or mutated: bytes flipped, length fields changed, truncated, spliced,
   random bytes inserted or removed, turned into alt magics 0x08/0x18 with
@@ -44,7 +44,7 @@ accumulate.
 Every frame is then dissected with a random :class:`dcpinspect.DissectContext`
 (collections/xattr/snappy/json/stream_ids/delete_times/include_xattrs each
 True/False/None), its ``extras``/``key``/``document``/``problems``/``fields``
-are touched, every event goes through ``cli.event_dict`` (and ``json.dumps``),
+are touched, every event goes through ``cli.decode.event_dict`` (and ``json.dumps``),
 and a sample goes through ``annotate``/``breakdown``/``annotate_html``/
 ``summary``/``byte_table`` and the Frame properties.
 
@@ -92,14 +92,14 @@ from dcpinspect import (
     decode,
     dissect,
     encode,
-    spec,
     summary,
 )
-from dcpinspect.cli import event_dict
-from dcpinspect.encode import encode_frame_infos, encode_leb128
-from dcpinspect.examples import EXAMPLES
-from dcpinspect.fields import BYTES, ENUM, FLAGS, INT, TEXT, Field, Group, Variant
-from dcpinspect.spec_upr import UPR_BODIES
+from dcpinspect.cli.decode import event_dict
+from dcpinspect.protocol import spec
+from dcpinspect.protocol.fields import BYTES, ENUM, FLAGS, INT, TEXT, Field, Group, Variant
+from dcpinspect.protocol.upr import UPR_BODIES
+from dcpinspect.wire.examples import EXAMPLES
+from dcpinspect.wire.framing import encode_frame_infos, encode_leb128
 
 try:
     import cramjam

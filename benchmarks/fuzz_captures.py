@@ -2,7 +2,7 @@
 
     python benchmarks/fuzz_captures.py [--count 5000] [--seed 11] [--memory-mib 200]
 
-Writes a small valid pcap (dcpinspect.pcapwrite) and a pcapng version of it
+Writes a small valid pcap (dcpinspect.capture.pcapwrite) and a pcapng version of it
 (nanosecond ``if_tsresol``), then corrupts copies - random bytes overwritten,
 truncation, and damage aimed at the fields that declare lengths and times
 (pcap snaplen, record lengths and times; pcapng block lengths, packet
@@ -41,11 +41,13 @@ from typing import Any
 import pyarrow as pa
 
 from dcpinspect import encode
-from dcpinspect.batches import SCHEMA, read_batches
-from dcpinspect.capture import MAX_RECORD
-from dcpinspect.pcapwrite import PcapWriter, TcpConversation
-from dcpinspect.records import CaptureStats, read_records
-from dcpinspect.tables import _PANDAS, frames_table
+from dcpinspect.capture.pcapfile import MAX_RECORD
+from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.capture.read import read_records
+from dcpinspect.flows.records import CaptureStats
+from dcpinspect.tables.export import frames_table
+from dcpinspect.tables.frames_vector import SCHEMA, read_batches
+from dcpinspect.tables.schema import pandas_dtype
 
 PATHS = ("row", "table")
 
@@ -199,7 +201,7 @@ def _row_path(paths: list[str], _rng: random.Random) -> tuple[pa.Table, CaptureS
 def _table_path(paths: list[str], rng: random.Random) -> tuple[pa.Table, CaptureStats]:
     st = CaptureStats()
     table = pa.Table.from_batches(list(read_batches(paths, stats=st, rows=rng.choice([3, 64, 65536]))), schema=SCHEMA)
-    table.to_pandas(types_mapper=_PANDAS.get)  # what frames_df hands back
+    table.to_pandas(types_mapper=pandas_dtype)  # what frames_df hands back
     return table, st
 
 

@@ -14,16 +14,20 @@ bytes, a huge declared body, sent twice, or followed by garbage.
 
 Two drivers:
 
-- ``run_sansio``: :class:`~dcpinspect.consumer.DcpConsumer` against the
+- ``run_sansio``: :class:`~dcpinspect.live.consumer.DcpConsumer` against the
   producer, no sockets, a fake clock (``dt`` per round trip).  The run must
   end before ``20 x response_timeout`` of fake time.
-- ``run_tcp``: :class:`~dcpinspect.client.DcpClient` against the hostile
-  server on 127.0.0.1 with a short ``response_timeout``.  It must end with a
-  ``ClientError`` or a state (a generous ``asyncio.wait_for`` only catches a hang).
+- ``run_tcp``: :class:`~dcpinspect.live.client.DcpClient` against the hostile
+  server on 127.0.0.1: the tests' loopback node (``tests/simnode.py``,
+  event-driven: nothing polls the clock) with :class:`Hostile` as its output
+  filter.  The client's timeouts run on a fake clock that moves only while
+  nothing is in flight (:func:`advance_when_quiet`; ``--real-clock``: the
+  event loop's clock).  It must end with a ``ClientError`` or a state (a
+  generous real-time deadline only catches a hang).
 
 Every error message must be one line of printable text (the server's bytes
 escaped).  Prints the outcomes per mutation; exits 1 on any hang or bad
-message.  ``tests/test_client_hostile.py`` runs a seeded slice of both.
+message.  ``tests/live/test_client_hostile.py`` runs a seeded slice of both.
 """
 
 from __future__ import annotations
@@ -34,12 +38,20 @@ import random
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from dcpinspect import spec
-from dcpinspect.client import ClientError, DcpClient
-from dcpinspect.consumer import ConsumerConfig, DcpConsumer, Phase
-from dcpinspect.decoder import Frame, FrameDecoder
-from dcpinspect.producer import Cluster, ProducerConnection
+from dcpinspect.live.client import ClientError, DcpClient
+from dcpinspect.live.cluster import Cluster
+from dcpinspect.live.consumer import ConsumerConfig, DcpConsumer
+from dcpinspect.live.consumer_states import Phase
+from dcpinspect.live.producer import ProducerConnection
+from dcpinspect.protocol.enums import Magic, Opcode, Status
+from dcpinspect.wire.decoder import FrameDecoder
+from dcpinspect.wire.events import Frame
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback node the tests use
+from simnode import SimNode
 
 PASSWORD = "hostile-pw"
 MUTATIONS = (
@@ -58,24 +70,24 @@ MUTATIONS = (
 )
 #: replies of the bootstrap that a plan may mutate
 BOOTSTRAP = frozenset(
-    spec.OPCODES[n]
-    for n in (
-        "HELLO",
-        "SASL_LIST_MECHS",
-        "SASL_AUTH",
-        "SASL_STEP",
-        "SELECT_BUCKET",
-        "GET_ALL_VB_SEQNOS",
-        "STAT",
-        "DCP_OPEN",
-        "DCP_CONTROL",
-        "DCP_STREAM_REQ",
+    int(op)
+    for op in (
+        Opcode.HELLO,
+        Opcode.SASL_LIST_MECHS,
+        Opcode.SASL_AUTH,
+        Opcode.SASL_STEP,
+        Opcode.SELECT_BUCKET,
+        Opcode.GET_ALL_VB_SEQNOS,
+        Opcode.STAT,
+        Opcode.DCP_OPEN,
+        Opcode.DCP_CONTROL,
+        Opcode.DCP_STREAM_REQ,
     )
 )
 #: about how many bootstrap replies a run sees (HELLO, mechs, 2 SASL, select, seqnos, open, 3 controls, 2 streams)
 REPLIES = 12
-_RESPONSE = next(m for m, name in spec.MAGICS.items() if name == "ClientResponse")
-_AUTH_ERROR = next(code for code, name in spec.STATUS.items() if name == "AuthError")
+_RESPONSE = int(Magic.CLIENT_RESPONSE)
+_AUTH_ERROR = int(Status.AUTH_ERROR)
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class Hostile:
         if kind == "wrong_opaque":
             b[12:16] = rng.randrange(1 << 32).to_bytes(4, "big")
         elif kind == "bad_status":
-            b[6:8] = rng.choice([s for s in spec.STATUS if s != int.from_bytes(raw[6:8], "big")] + [0xBEEF]).to_bytes(2, "big")
+            b[6:8] = rng.choice([int(s) for s in Status if s != int.from_bytes(raw[6:8], "big")] + [0xBEEF]).to_bytes(2, "big")
         elif kind == "truncate":
             return raw[: rng.randrange(1, len(raw))]
         elif kind == "garbage":
@@ -250,56 +262,83 @@ def run_sansio(p: Plan, *, response_timeout: float = 1.0, dt: float = 0.05) -> O
     return Outcome("ok", "", now)
 
 
-async def _hostile_server(p: Plan) -> tuple[asyncio.Server, int]:
-    cluster = _cluster(p.seed)
+class FakeClock:
+    """The client's clock in a TCP run: it moves only when :func:`advance_when_quiet` moves it."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0  # how often the client read it (it does once per turn of its loop)
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+async def advance_when_quiet(client: DcpClient, node: SimNode, clock: FakeClock, step: float, limit: float) -> None:
+    """Move ``clock`` on by ``step`` each time the run is quiet, until ``limit`` (fake seconds); returns when the client ended.
+
+    Quiet: the node is idle, it took every byte the client wrote and the client read every byte
+    it wrote, and the client has run with the time of the last step.  Then nothing but time can
+    happen, so a timeout the client reports is the one the plan provoked, however slow the machine.
+    Woken by the client's progress (:meth:`DcpClient.until`: what it read, or its ``tick``), never by this clock.
+    """
+    seen = 0
+
+    def quiet(_consumer: DcpConsumer) -> bool:
+        return clock.reads > seen and node.idle and client.bytes["c2s"] == node.received and node.sent == client.bytes["s2c"]
+
+    while clock.now < limit:
+        try:
+            await client.until(quiet)
+        except ClientError:
+            return
+        if client.consumer is None or client.consumer.done:
+            return
+        seen = clock.reads
+        clock.now += step
+
+
+async def run_tcp(p: Plan, *, response_timeout: float = 0.5, safety: float = 60.0, fake_clock: bool = True) -> Outcome:
+    """One run of :class:`DcpClient` against the hostile server on 127.0.0.1.
+
+    With ``fake_clock`` the client's timeouts run on a :class:`FakeClock` that moves only while the
+    connection is quiet (:func:`advance_when_quiet`, steps of a quarter of ``response_timeout``, at
+    most ``20 x response_timeout``): which request times out never depends on the machine's speed,
+    and ``elapsed`` is fake time.  Without it they run on the event loop's clock.  ``safety`` (real
+    seconds) only turns a hang into a ``hang`` outcome.
+    """
+    async with SimNode(_cluster(p.seed), output_filter=lambda: Hostile(p)) as node:
         loop = asyncio.get_running_loop()
-        conn = ProducerConnection(cluster, now=loop.time())
-        hostile = Hostile(p)
+        clock = FakeClock() if fake_clock else None
+        start = loop.time()
+
+        def elapsed() -> float:
+            return clock.now if clock is not None else loop.time() - start
+
+        client = DcpClient(node.host, node.port, client_config(response_timeout), connect_timeout=5, tick=0.05, clock=clock)
+        await client.start()
+        ended = asyncio.ensure_future(client.wait())
+        waits: list[asyncio.Future[Any]] = [ended]
+        limit = 20 * response_timeout
+        if clock is not None:
+            waits.append(asyncio.ensure_future(advance_when_quiet(client, node, clock, response_timeout / 4, limit)))
+        deadline = start + safety
         try:
-            while not conn.closed:
-                try:
-                    data = await asyncio.wait_for(reader.read(1 << 16), 0.02)
-                except TimeoutError:
-                    data = None
-                if data == b"":
-                    break
-                if data:
-                    conn.receive(data, loop.time())
-                conn.tick(loop.time())
-                out = hostile.filter(conn.data_to_send())
-                if out:
-                    writer.write(out)
-                    await writer.drain()
-                if hostile.close:
-                    break
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+            await asyncio.wait(waits, timeout=safety, return_when=asyncio.FIRST_COMPLETED)
+            if not ended.done() and (clock is None or clock.now < limit):  # the driver saw the client end first
+                await asyncio.wait([ended], timeout=max(0.0, deadline - loop.time()))
+            if not ended.done():
+                why = f"{safety:g} s" if clock is None or clock.now < limit else f"{limit:g} s of fake time"
+                return Outcome("hang", f"no end within {why}", elapsed())
+            try:
+                ended.result()
+            except ClientError as exc:
+                return Outcome("error", str(exc), elapsed())
+            return Outcome("ok", "", elapsed())
         finally:
-            conn.close("hostile server done")
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
-
-
-async def run_tcp(p: Plan, *, response_timeout: float = 0.5, safety: float = 60.0) -> Outcome:
-    """One run of :class:`DcpClient` against the hostile server on 127.0.0.1."""
-    server, port = await _hostile_server(p)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    try:
-        client = DcpClient("127.0.0.1", port, client_config(response_timeout), connect_timeout=5, tick=0.05)
-        try:
-            await asyncio.wait_for(client.run(), safety)
-        except ClientError as exc:
-            return Outcome("error", str(exc), loop.time() - start)
-        except TimeoutError:
-            return Outcome("hang", f"no end within {safety:g} s", loop.time() - start)
-        return Outcome("ok", "", loop.time() - start)
-    finally:
-        server.close()
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
 
 def check(p: Plan, o: Outcome) -> str | None:
@@ -316,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=2000, help="sans-IO runs")
     ap.add_argument("--tcp", type=int, default=40, help="runs over TCP on 127.0.0.1")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--real-clock", action="store_true", help="TCP runs time out on the event loop's clock, not a fake one")
     args = ap.parse_args(argv)
     counts: Counter[tuple[str, str, str]] = Counter()
     problems: list[str] = []
@@ -329,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     async def tcp_runs() -> None:
         for i in range(args.tcp):
             p = plan(args.seed * 7_000_001 + i, MUTATIONS[i % len(MUTATIONS)])
-            o = await run_tcp(p)
+            o = await run_tcp(p, fake_clock=not args.real_clock)
             counts["tcp", p.kind, o.kind] += 1
             if (why := check(p, o)) is not None:
                 problems.append(why)
@@ -345,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             cells = ", ".join(f"{o} {counts[driver, kind, o]}" for o in ("ok", "error", "waiting", "hang") if counts[driver, kind, o])
             print(f"  {kind:<{width}}  {cells}")
     total: Counter[str] = Counter()
-    for (_d, _k, o), n in counts.items():
-        total[o] += n
+    for (_d, _k, how), n in counts.items():
+        total[how] += n
     print(f"total: {dict(total)}; problems: {len(problems)}")
     for line in problems[:20]:
         print("  " + line)

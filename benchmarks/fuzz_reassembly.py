@@ -49,7 +49,7 @@ from collections import Counter
 from typing import NamedTuple
 
 from dcpinspect import encode
-from dcpinspect.flows import ACK, FIN, RST, SYN, Connection, FlowEvent, Reassembler, Segment
+from dcpinspect.flows.reassembly import ACK, FIN, RST, SYN, Connection, FlowEvent, Reassembler, Segment
 
 C = ("10.0.0.1", 50000)
 S = ("10.0.0.2", 11210)

@@ -3,15 +3,15 @@
     python benchmarks/fuzz_timeline.py [--count 5000] [--seed 5] [--budget 2.0]
 
 The inputs are the frames of the shipped captures (``captures/*.pcap``) and a
-few hand-built DCP sessions (``dcpinspect.encode``), mutated per input with a
+few hand-built DCP sessions (``dcpinspect.wire.encode``), mutated per input with a
 few of: drop a frame (never sent), lose it (a capture gap: the sequence
 numbers skip it), duplicate it, move it elsewhere (both directions: a response
 before its request, data before the stream request, ...), flip bits (the
 header lengths too: the decoder re-frames), and start the capture at a random
 point (no SYN: the session's start unknown) or end it early.  Each input is
-turned back into TCP segments and read through :func:`dcpinspect.records.iter_records`
+turned back into TCP segments and read through :func:`dcpinspect.flows.records.iter_records`
 (the same reassembly, decoding and per-connection context as a capture file),
-fed to a :class:`~dcpinspect.timeline.TimelineBuilder`, and the timeline and its
+fed to a :class:`~dcpinspect.timeline.builder.TimelineBuilder`, and the timeline and its
 tables are asked for.  Prints the counts, each distinct failure once (with its
 traceback) and the slowest inputs; exits 1 on any exception or any input that
 took longer than ``--budget`` seconds.  Not part of the test run
@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcpinspect import encode
-from dcpinspect.decoder import Frame
-from dcpinspect.flows import Segment
-from dcpinspect.pcapwrite import ACK, FIN, PSH, SYN
-from dcpinspect.records import Record, iter_records, read_records
+from dcpinspect.capture.pcapwrite import ACK, FIN, PSH, SYN
+from dcpinspect.capture.read import read_records
+from dcpinspect.flows.reassembly import Segment
+from dcpinspect.flows.records import Record, iter_records
 from dcpinspect.timeline import MAX_SEQNO, Timeline, TimelineBuilder
+from dcpinspect.wire.events import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT / "captures"
@@ -229,7 +230,7 @@ def run(records: list[Record], *, tables: bool = True) -> Timeline:
             b.timeline(final=False)
     t = b.timeline()
     if tables:
-        from dcpinspect.timeline_tables import story, timeline_frames
+        from dcpinspect.tables.timeline import story, timeline_frames
 
         timeline_frames(t)
         story(t)

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dcpinspect import encode  # noqa: E402
-from dcpinspect.proxy import TapProxy  # noqa: E402
+from dcpinspect.live.proxy import TapProxy  # noqa: E402
 
 LOOP = "127.0.0.1"
 CHUNKS = (1, 999, 65536, 262_144, 17, 1_000_003)
@@ -319,7 +319,7 @@ class Lines(logging.Handler):
 async def unhappy() -> list[tuple[str, bool, str]]:
     out: list[tuple[str, bool, str]] = []
     handler = Lines()
-    log = logging.getLogger("dcpinspect.proxy")
+    log = logging.getLogger("dcpinspect.live.proxy")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False

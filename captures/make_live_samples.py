@@ -1,17 +1,17 @@
 """Record the live sample captures in this folder: ``python captures/make_live_samples.py [NAME ...]``.
 
-Each scenario starts the DCP producer simulator (:class:`dcpinspect.sim.Simulator`,
-fixed seed) and the tap proxy (:class:`dcpinspect.proxy.TapProxy`) on 127.0.0.1,
+Each scenario starts the DCP producer simulator (:class:`dcpinspect.live.sim.Simulator`,
+fixed seed) and the tap proxy (:class:`dcpinspect.live.proxy.TapProxy`) on 127.0.0.1,
 runs DCP clients against the proxy (client -> proxy -> simulator) and keeps what
 the proxy wrote as ``captures/live-<name>.pcap``, with the simulator's own record
 of what it did (``Cluster.journal``) as ``captures/live-<name>.journal.json`` - the
-ground truth ``tests/test_live_samples.py`` checks the timelines against.
+ground truth ``tests/live/test_live_samples.py`` checks the timelines against.
 
-Where the stock client (:mod:`dcpinspect.consumer`) cannot do what a scenario
+Where the stock client (:mod:`dcpinspect.live.consumer`) cannot do what a scenario
 needs (two streams on one vbucket, withholding buffer acks, seqno acks,
 closing a stream and waiting for its STREAM_END) a small scripted client does
-it, built from :func:`dcpinspect.encode`, :class:`~dcpinspect.decoder.FrameDecoder`
-and :func:`dcpinspect.dissect` (never hand-packed frames).
+it, built from :func:`dcpinspect.wire.encode`, :class:`~dcpinspect.wire.decoder.FrameDecoder`
+and :func:`dcpinspect.wire.dissect` (never hand-packed frames).
 
 The content is deterministic (seeds, keys, values, the order of the steps);
 timestamps, the ephemeral ports and where TCP happened to split the byte
@@ -27,30 +27,39 @@ import json
 import struct
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcpinspect import encode, spec
-from dcpinspect.client import DcpClient, run_client
-from dcpinspect.consumer import ConsumerConfig, ResumeState, flow_control_size
-from dcpinspect.decoder import Frame, FrameDecoder
-from dcpinspect.dissect import DissectContext, Dissection, dissect
-from dcpinspect.proxy import TapProxy
-from dcpinspect.records import read_records
-from dcpinspect.sasl import plain_payload
-from dcpinspect.sim import Simulator, SimulatorThread
+from dcpinspect import encode
+from dcpinspect.capture.read import read_records
+from dcpinspect.live.client import DcpClient, run_client
+from dcpinspect.live.consumer import ConsumerConfig, DcpConsumer
+from dcpinspect.live.proxy import TapProxy
+from dcpinspect.live.resume import ResumeState
+from dcpinspect.live.sasl import plain_payload
+from dcpinspect.live.sim import Simulator, SimulatorThread
+from dcpinspect.protocol import spec
+from dcpinspect.protocol.rules import flow_control_size
+from dcpinspect.wire.decoder import FrameDecoder
+from dcpinspect.wire.dissect import dissect
+from dcpinspect.wire.dissection import DissectContext, Dissection
+from dcpinspect.wire.events import Frame
 
 HERE = Path(__file__).parent
 USER, PASSWORD = "Administrator", "password"
 FOREVER = 2**64 - 1
 COLLECTIONS = spec.FEATURE_COLLECTIONS
+#: seconds after which a wait is a failure: a deadline that turns a hang into an error, never a pace
+DEADLINE = 60.0
 
 
 # ---------------------------------------------------------------------------
 # plumbing: a simulator and a proxy per scenario
+
+
+Watcher = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -59,6 +68,42 @@ class Live:
 
     sim: SimulatorThread
     proxy: TapProxy
+    watchers: list[Watcher] = field(default_factory=list)  # called with each journal entry, on the simulator's loop
+
+    def __post_init__(self) -> None:
+        self.sim.call(self._watch_journal)
+
+    def _watch_journal(self) -> None:
+        """Have the simulator's ``Cluster.note`` also tell :attr:`watchers` (the cluster has no listener hook of its own)."""
+        cluster = self.sim.sim.cluster
+        note = cluster.note
+
+        def noted(event: str, **fields: Any) -> None:
+            note(event, **fields)
+            for watch in list(self.watchers):
+                watch({"event": event, **fields})
+
+        cluster.note = noted  # type: ignore[method-assign]
+
+    async def until_noted(self, cond: Callable[[dict[str, Any]], bool], what: str) -> None:
+        """Wait until the simulator's journal holds an entry ``cond`` accepts (noted already, or when it is noted)."""
+        loop = asyncio.get_running_loop()
+        found = asyncio.Event()
+
+        def watch(entry: dict[str, Any]) -> None:
+            if cond(entry):
+                loop.call_soon_threadsafe(found.set)
+
+        def subscribe() -> bool:  # on the simulator's loop: no entry can slip between the look back and the watch
+            self.watchers.append(watch)
+            return any(cond(e) for e in self.sim.sim.cluster.journal)
+
+        if self.sim.call(subscribe):
+            found.set()
+        try:
+            await within(found.wait(), what)
+        finally:
+            self.sim.call(self.watchers.remove, watch)
 
     @property
     def port(self) -> int:
@@ -89,12 +134,10 @@ def live(out: Path, name: str, **sim: Any) -> Iterator[Live]:
     write_journal(out / f"live-{name}.journal.json", journal)
 
 
-def _settle(proxy: TapProxy, timeout: float = 5.0) -> None:
-    """Wait until the proxy has no connection left (every client closed cleanly)."""
-    deadline = time.monotonic() + timeout
-    time.sleep(0.1)
-    while time.monotonic() < deadline and getattr(proxy, "_tasks", None):
-        time.sleep(0.05)
+def _settle(proxy: TapProxy, timeout: float = DEADLINE) -> None:
+    """Wait until the proxy has no connection left (every client closed cleanly: FIN, not the proxy's stop)."""
+    if not proxy.wait_idle(timeout):
+        raise TimeoutError(f"the proxy still had open connections {timeout:g} s after the scenario ended")
 
 
 def write_journal(path: Path, journal: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
@@ -115,13 +158,17 @@ def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(main())
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``cond`` until it holds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+async def within(aw: Awaitable[Any], what: str, timeout: float = DEADLINE) -> Any:
+    """Await ``aw``; the deadline only turns a hang into an error naming ``what``."""
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except TimeoutError:
+        raise TimeoutError(f"timed out waiting for {what}") from None
+
+
+async def client_until(client: DcpClient, cond: Callable[[DcpConsumer], bool], what: str) -> None:
+    """Wait until ``cond(consumer)`` holds: checked each time the stock client handled what arrived (:meth:`DcpClient.until`)."""
+    await within(client.until(cond), what)
 
 
 # ---------------------------------------------------------------------------
@@ -136,7 +183,7 @@ class Scripted:
     :class:`FrameDecoder` and :func:`dissect` with the connection's negotiated context.
     Noops are answered; buffer acks are sent once ``ack_at`` bytes were consumed
     while ``acking`` is on; seqno acks follow complete snapshots holding prepares
-    when ``seqno_acks`` is on.
+    when ``seqno_acks`` is on.  Waits (:meth:`until`) are woken by each chunk received.
     """
 
     port: int
@@ -157,6 +204,7 @@ class Scripted:
     _reader: asyncio.StreamReader | None = None
     _writer: asyncio.StreamWriter | None = None
     _task: asyncio.Task[None] | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) after each chunk received, and at EOF
 
     async def __aenter__(self) -> Scripted:
         self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -182,14 +230,25 @@ class Scripted:
         self._writer.write(encode(name, **kw))
         return int(kw.get("opaque", 0))
 
-    async def request(self, name: str, timeout: float = 5.0, **kw: Any) -> Dissection:
+    async def request(self, name: str, **kw: Any) -> Dissection:
         """Send a request and wait for its response (same opaque)."""
-        return await self.response(self.send(name, **kw), timeout)
+        return await self.response(self.send(name, **kw))
 
-    async def response(self, opaque: int, timeout: float = 5.0) -> Dissection:
+    async def response(self, opaque: int) -> Dissection:
         """Wait for the response with this opaque."""
-        await wait_for(lambda: opaque in self._responses, timeout, f"the response to opaque {opaque}")
+        await self.until(lambda: opaque in self._responses, f"the response to opaque {opaque}")
         return self._responses.pop(opaque)
+
+    async def until(self, cond: Callable[[], bool], what: str) -> None:
+        """Wait until ``cond()`` holds: checked now and after each chunk received; an error if the server closes first."""
+
+        async def wait() -> None:
+            while not cond():
+                if self._task is None or self._task.done():
+                    raise ConnectionError(f"the connection ended before {what}")
+                await self._changed.wait()
+
+        await within(wait(), what)
 
     async def bootstrap(self, *, features: tuple[int, ...] = (), controls: tuple[tuple[str, str], ...] = ()) -> None:
         """HELLO, SASL PLAIN, SELECT_BUCKET, DCP_OPEN (producer), then the controls (each must succeed)."""
@@ -234,13 +293,22 @@ class Scripted:
     # --- receiving -----------------------------------------------------------------
     async def _read(self) -> None:
         assert self._reader is not None
-        while True:
-            data = await self._reader.read(1 << 16)
-            if not data:
-                return
-            for ev in self._decoder.feed(data):
-                if isinstance(ev, Frame):
-                    self._frame(ev)
+        try:
+            while True:
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    return
+                for ev in self._decoder.feed(data):
+                    if isinstance(ev, Frame):
+                        self._frame(ev)
+                self._wake()
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake every :meth:`until` (each checks its condition again)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _frame(self, frame: Frame) -> None:
         d = dissect(frame, self.ctx)
@@ -252,7 +320,7 @@ class Scripted:
             self.send("DCP_NOOP", response=True, opaque=frame.opaque)
             return
         if self.flow_control:
-            self.unacked += flow_control_size(frame)
+            self.unacked += flow_control_size(frame.magic, frame.opcode, frame.length)
         key = (frame.vbucket or 0, d.stream_id)
         if d.name == "DCP_STREAM_END":
             self.ends[key] = int(d.extras["status"])
@@ -263,14 +331,14 @@ class Scripted:
             self._prepared[key] = (frame.opaque, int(d.extras["by_seqno"]))
         seqno = d.extras.get("by_seqno", d.extras.get("commit_seqno", d.extras.get("abort_seqno", d.extras.get("seqno"))))
         if self.seqno_acks and isinstance(seqno, int) and seqno >= self._marker_end.get(key, FOREVER) and key in self._prepared:
-            opaque, prepared = self._prepared.pop(key)  # the snapshot holding a prepare is complete: ack it (FACTS §7.9)
+            opaque, prepared = self._prepared.pop(key)  # the snapshot holding a prepare is complete: ack it
             self.send("DCP_SEQNO_ACKNOWLEDGED", vbucket=key[0], opaque=opaque, extras={"prepared_seqno": prepared})
         if self.acking and self.flow_control and self.unacked >= self.ack_at:
             self.ack()
 
-    async def until_end(self, *keys: tuple[int, int | None], timeout: float = 10.0) -> None:
+    async def until_end(self, *keys: tuple[int, int | None]) -> None:
         """Wait for the STREAM_END of every stream key given."""
-        await wait_for(lambda: all(k in self.ends for k in keys), timeout, f"stream ends of {keys}")
+        await self.until(lambda: all(k in self.ends for k in keys), f"stream ends of {keys}")
 
 
 def _seqno_of(d: Dissection) -> int | None:
@@ -319,17 +387,20 @@ def failover_branches(out: Path) -> None:
             client = DcpClient("127.0.0.1", lv.port, lv.config("live-failover-branches", vbuckets=(0,), end_seqno=20))
             await client.start()
 
-            def at(seqno: int) -> Callable[[], bool]:
-                return lambda: client.consumer is not None and client.consumer.streams[0].position.seqno >= seqno
+            def at(seqno: int) -> Callable[[DcpConsumer], bool]:
+                return lambda c: c.streams[0].position.seqno >= seqno
 
-            await wait_for(at(10), what="seqno 10")
+            def branches(n: int) -> Callable[[DcpConsumer], bool]:
+                return lambda c: len(c.streams[0].position.failover_log) == n
+
+            await client_until(client, at(10), "seqno 10")
             lv.sim.failover(0)
-            await wait_for(lambda: client.consumer is not None and len(client.consumer.streams[0].position.failover_log) == 2)
+            await client_until(client, branches(2), "a failover log of 2 entries")
             for i in range(5):
                 lv.sim.mutate(f"after-first-{i}", {"n": i})
-            await wait_for(at(15), what="seqno 15")
+            await client_until(client, at(15), "seqno 15")
             lv.sim.failover(0, lose=3)
-            await wait_for(lambda: client.consumer is not None and len(client.consumer.streams[0].position.failover_log) == 3)
+            await client_until(client, branches(3), "a failover log of 3 entries")
             for i in range(8):
                 lv.sim.mutate(f"after-second-{i}", {"n": i})
             await client.wait()
@@ -391,9 +462,8 @@ def collections(out: Path) -> None:
             client = DcpClient("127.0.0.1", lv.port, cfg)
             await client.start()
             highs = {vb: lv.sim.call(lambda v=vb: lv.sim.sim.bucket.vbuckets[v].high_seqno) for vb in (0, 1)}
-            await wait_for(
-                lambda: client.consumer is not None and all(client.consumer.streams[vb].position.seqno >= highs[vb] for vb in (0, 1)),
-                what="the filtered streams to catch up",
+            await client_until(
+                client, lambda c: all(c.streams[vb].position.seqno >= highs[vb] for vb in (0, 1)), "the filtered streams to catch up"
             )
             lv.sim.create_collection("hotels")
             for i in range(4):
@@ -407,6 +477,16 @@ def collections(out: Path) -> None:
         run(run_client("127.0.0.1", lv.port, lv.config("live-collections-all", vbuckets=(0, 1), to_latest=True)))
 
 
+def acked(prepared: int) -> Callable[[dict[str, Any]], bool]:
+    """A journal entry: the seqno ack of the prepare at ``prepared``."""
+    return lambda e: e["event"] == "seqno_ack" and e["prepared_seqno"] == prepared
+
+
+def seen(c: Scripted, seqno: int) -> Callable[[], bool]:
+    """``c`` received the message at ``seqno``."""
+    return lambda: any(_seqno_of(d) == seqno for d in c.received)
+
+
 def sync_writes(out: Path) -> None:
     """enable_sync_writes + consumer_name: v2.0 markers, prepare/commit/abort, seqno acks (scripted client)."""
     with live(out, "sync-writes", vbuckets=1, items=4, seed=7) as lv:
@@ -417,17 +497,17 @@ def sync_writes(out: Path) -> None:
                 await c.bootstrap(controls=(("enable_sync_writes", "true"), ("consumer_name", "replica-1")))
                 await c.stream(0)
                 for i in range(4):
+                    # each write in a snapshot of its own: prepare, the replica's seqno ack, then commit (or abort)
                     key = f"sync-{i:02d}"
-                    lv.sim.call(b.prepare, key, {"id": i})
+                    prepared: int = lv.sim.call(b.prepare, key, {"id": i}).seqno
                     lv.sim.kick()
-                    await asyncio.sleep(0.05)
-                    lv.sim.call(b.abort if i == 2 else b.commit, key)
+                    await lv.until_noted(acked(prepared), f"the seqno ack of {key}")
+                    resolved: int = lv.sim.call(b.abort if i == 2 else b.commit, key).seqno
                     lv.sim.kick()
-                    await asyncio.sleep(0.05)
+                    await c.until(seen(c, resolved), f"the commit or abort of {key}")
                 lv.sim.mutate("plain-after", {"n": 1})
                 high = lv.sim.call(lambda: b.vbuckets[0].high_seqno)
-                await wait_for(lambda: any(_seqno_of(d) == high for d in c.received), what="the last seqno")
-                await asyncio.sleep(0.1)  # the last seqno ack reaches the producer
+                await c.until(seen(c, high), "the last seqno")
                 d = await c.request("DCP_CLOSE_STREAM", vbucket=0)
                 assert d.frame.status == spec.SUCCESS
 
@@ -443,8 +523,8 @@ def flow_control(out: Path) -> None:
             async with Scripted(lv.port, "live-flow-control", acking=False) as c:
                 await c.bootstrap(controls=(("connection_buffer_size", "2048"),))
                 await c.stream(0, end=high)
-                await wait_for(lambda: c.unacked >= 2048, what="a full window")
-                await asyncio.sleep(0.5)  # stalled: nothing more comes
+                await c.until(lambda: c.unacked >= 2048, "a full window")
+                await asyncio.sleep(0.5)  # the stall the capture shows (a duration on purpose, not a wait for something)
                 c.acking = True
                 c.ack()
                 await c.until_end((0, None))
@@ -493,18 +573,18 @@ def stream_ends(out: Path) -> None:
                 await c.stream(0, end=high[0])  # OK at the end seqno
                 await c.until_end((0, None))
                 await c.stream(1)  # Closed after CLOSE_STREAM
-                await wait_for(lambda: any(d.frame.vbucket == 1 and _seqno_of(d) == high[1] for d in c.received), what="vb 1 caught up")
+                await c.until(lambda: any(d.frame.vbucket == 1 and _seqno_of(d) == high[1] for d in c.received), "vb 1 caught up")
                 closed = await c.request("DCP_CLOSE_STREAM", vbucket=1)
                 assert closed.frame.status == spec.SUCCESS
                 await c.until_end((1, None))
                 await c.stream(2)  # StateChanged on failover
-                await wait_for(lambda: any(d.frame.vbucket == 2 and _seqno_of(d) == high[2] for d in c.received), what="vb 2 caught up")
+                await c.until(lambda: any(d.frame.vbucket == 2 and _seqno_of(d) == high[2] for d in c.received), "vb 2 caught up")
                 lv.sim.failover(2)
                 await c.until_end((2, None))
                 await c.stream(vb_airline, value={"collections": ["8"]})  # FilterEmpty when airlines is dropped
-                await wait_for(
+                await c.until(
                     lambda: any(d.frame.vbucket == vb_airline and _seqno_of(d) == high[vb_airline] for d in c.received),
-                    what="the filtered stream caught up",
+                    "the filtered stream caught up",
                 )
                 lv.sim.drop_collection("airlines")
                 await c.until_end((vb_airline, None))
@@ -533,7 +613,7 @@ def loss_reorder(out: Path) -> None:
                 cfg = lv.config("live-loss-reorder", vbuckets=(0,), end_seqno=130, buffer_size=1500, ack_ratio=0.5)
                 client = DcpClient("127.0.0.1", lv.port, cfg)
                 await client.start()
-                await wait_for(lambda: client.consumer is not None and client.consumer.streams[0].position.seqno >= 10, what="seqno 10")
+                await client_until(client, lambda c: c.streams[0].position.seqno >= 10, "seqno 10")
                 lv.sim.call(lambda: [b.mutate(f"burst-{i:03d}", {"n": i, "pad": "x" * 40}) for i in range(120)])
                 lv.sim.kick()  # one batch of 120 writes: memory snapshots of 20 seqnos, longer than a segment
                 await client.wait()

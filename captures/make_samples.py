@@ -1,7 +1,7 @@
 """Regenerate the sample captures in this folder: ``python captures/make_samples.py``.
 
-Deterministic: frames are built with ``dcpinspect.encode`` and written with
-``dcpinspect.pcapwrite`` (synthesised Ethernet/IPv4/TCP headers, fixed
+Deterministic: frames are built with ``dcpinspect.wire.encode`` and written with
+``dcpinspect.capture.pcapwrite`` (synthesised Ethernet/IPv4/TCP headers, fixed
 addresses, sequence numbers and timestamps), so the files are byte-for-byte
 reproducible.  ``captures/README.md`` says what each holds.
 """
@@ -12,8 +12,8 @@ import struct
 from pathlib import Path
 
 from dcpinspect import encode
-from dcpinspect.examples import example
-from dcpinspect.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.wire.examples import example
 
 HERE = Path(__file__).parent
 T0 = 1_763_800_000_000_000_000  # 2025-11-22T08:26:40Z, in ns

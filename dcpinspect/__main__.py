@@ -1,5 +1,5 @@
 """``python -m dcpinspect`` is the ``dcpinspect`` command."""
 
-from .cli import main
+from .cli.main import main
 
 raise SystemExit(main())

@@ -18,10 +18,11 @@ from typing import Any
 import cramjam
 from hypothesis import strategies as st
 
-from dcpinspect import DissectContext, encode, spec
-from dcpinspect.encode import encode_leb128
-from dcpinspect.fields import BYTES, ENUM, FLAGS, INT, TEXT, Command, Field, Group, Variant
-from dcpinspect.spec_upr import UPR_BODIES
+from dcpinspect import DissectContext, encode
+from dcpinspect.protocol import spec
+from dcpinspect.protocol.fields import BYTES, ENUM, FLAGS, INT, TEXT, Command, Field, Group, Variant
+from dcpinspect.protocol.upr import UPR_BODIES
+from dcpinspect.wire.framing import encode_leb128
 
 # ---------------------------------------------------------------------------
 # the table, flattened

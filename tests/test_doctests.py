@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["dcpinspect", "dcpinspect.decoder", "dcpinspect.encode"])
+@pytest.mark.parametrize("name", ["dcpinspect", "dcpinspect.wire.decoder", "dcpinspect.wire.encode"])
 def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

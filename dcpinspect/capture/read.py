@@ -1,0 +1,83 @@
+"""Capture files -> records: the file edge on top of :mod:`dcpinspect.flows.records`.
+
+:func:`capture_segments` reads pcap/pcapng files in order (:class:`~dcpinspect.capture.pcapfile.CaptureReader`)
+and turns each packet into a TCP segment (:func:`~dcpinspect.capture.packets.parse_packet`);
+:func:`read_records` and :func:`read_chunks` feed those segments to the pure
+record builders (:func:`~dcpinspect.flows.records.iter_records`,
+:func:`~dcpinspect.flows.records.iter_chunks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..flows.reassembly import DEFAULT_SERVER_PORTS, Segment
+from ..flows.records import CaptureStats, Record, RecordChunk, iter_chunks, iter_records
+from .packets import parse_packet
+from .pcapfile import CaptureError, CaptureReader
+
+__all__ = ["capture_segments", "read_chunks", "read_records"]
+
+
+def capture_segments(paths: Iterable[str], stats: CaptureStats, progress: Callable[[str, int], None] | None = None) -> Iterator[Segment]:
+    """The TCP segments of capture files, in order; what each file held goes to ``stats.files``.
+
+    A file that is not a capture is reported in ``stats.files[path]["error"]``
+    and skipped; a truncated or corrupt record ends that file with a problem,
+    keeping everything before it.  ``progress(path, offset)`` is called every
+    1,024 packets.
+    """
+    st = stats
+    for path in paths:
+        reader = CaptureReader(str(path))
+        info: dict[str, Any] = {"format": None, "packets": 0, "problems": [], "error": None}
+        st.files[str(path)] = info
+        try:
+            for pkt in reader:
+                st.packets += 1
+                if progress is not None and not pkt.number % 1024:
+                    progress(str(path), pkt.offset)
+                seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
+                if seg is not None:
+                    yield seg
+        except CaptureError as exc:
+            info["error"] = str(exc)
+        info["format"] = reader.format or None
+        info["packets"] = reader.packets
+        info["problems"] = [f"{msg} (at byte offset {off})" for off, msg in reader.problems]
+        info["linktypes"] = sorted(reader.linktypes)
+
+
+def read_records(
+    paths: Iterable[str],
+    *,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> Iterator[Record]:
+    """Records of one or more capture files, read in order as one capture (rotated files join up).
+
+    See :func:`capture_segments` for what happens to unreadable files.
+    """
+    st = stats if stats is not None else CaptureStats()
+    segs = capture_segments(paths, st, progress)
+    yield from iter_records(segs, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
+
+
+def read_chunks(
+    paths: Iterable[str],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> Iterator[RecordChunk]:
+    """:func:`read_records` in chunks (:class:`~dcpinspect.flows.records.RecordChunk`), for columnar consumers."""
+    st = stats if stats is not None else CaptureStats()
+    segs = capture_segments(paths, st, progress)
+    yield from iter_chunks(segs, rows=rows, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)

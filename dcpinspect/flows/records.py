@@ -1,0 +1,291 @@
+"""Records: decoded events with their connection, direction, time and context.
+
+:func:`iter_records` turns segments (from a capture, a proxy, a sniffer) into
+:class:`Record` objects through the one :class:`~dcpinspect.flows.reassembly.Reassembler`
+and :class:`~dcpinspect.wire.decoder.FrameDecoder`, and follows what each connection
+negotiated (HELLO features, DCP_OPEN flags, DCP_CONTROL enable_stream_id) so
+every frame is dissected with the context of *its* connection: a key carries a
+collection id only where collections were negotiated.  A connection whose
+start was not captured has an unknown context (nothing is guessed).  Pure: no
+I/O.  :func:`dcpinspect.capture.read.read_records` is the capture-file edge on top.
+"""
+
+from __future__ import annotations
+
+import gc
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, NamedTuple, TypeVar
+
+from ..protocol.session import SESSION_OPS
+from ..wire.decoder import DEFAULT_MAX_BODY
+from ..wire.dissection import DissectContext
+from ..wire.events import Event, Frame
+from .reassembly import DEFAULT_SERVER_PORTS, TLS_PORTS, Batch, Connection, Reassembler, Segment, expand
+from .session import ConnState, Sessions
+
+T = TypeVar("T")
+
+__all__ = [
+    "CaptureStats",
+    "Record",
+    "RecordChunk",
+    "gc_paused",
+    "iter_chunks",
+    "iter_records",
+]
+
+
+class Record(NamedTuple):
+    """One decoded event in its capture: frame (or garbage/truncated/gap) + where and when."""
+
+    number: int  # 1-based, in order of completion
+    file: str
+    conn: int
+    conn_label: str
+    direction: str  # "c2s" | "s2c"
+    ts: int  # ns: the packet that completed it (capture.TS_UNKNOWN if its timestamp was out of range: null in tables)
+    ts_first: int  # ns: the packet its first byte arrived in (likewise)
+    packet: int
+    packet_first: int
+    event: Event
+    context: DissectContext
+
+
+@dataclass
+class CaptureStats:
+    """What a read saw besides frames: per-file problems, skipped packets, connections."""
+
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: Counter[str] = field(default_factory=Counter)
+    connections: list[Connection] = field(default_factory=list)
+    states: dict[int, ConnState] = field(default_factory=dict)
+    packets: int = 0
+    records: int = 0
+
+
+def _batches(
+    segments: Iterable[Segment],
+    r: Reassembler,
+    st: CaptureStats,
+) -> Iterator[Batch]:
+    st.connections = r.connections
+    for seg in segments:
+        batches = r.feed_raw(seg)
+        if batches:
+            yield from batches
+    yield from r.close_raw()
+    st.skipped["not memcached-binary TCP"] += r.skipped_segments
+
+
+class Recorder:
+    """Push-based records: feed segments as they happen (a proxy, a client, a sniffer).
+
+    The same reassembly, decoding, numbering and per-connection context as
+    :func:`iter_records` (which is built on it)::
+
+        rec = Recorder()
+        for seg in live_segments:
+            for record in rec.feed(seg):
+                ...
+        rest = rec.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+        detect: bool = True,
+        tls_ports: Iterable[int] = TLS_PORTS,
+        max_body: int = DEFAULT_MAX_BODY,
+        stats: CaptureStats | None = None,
+        reveal_secrets: bool = False,
+    ) -> None:
+        self.reassembler = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+        self.stats = stats if stats is not None else CaptureStats()
+        self.stats.connections = self.reassembler.connections
+        self._sessions = Sessions(self.stats.states, reveal_secrets)
+        self.number = 0
+        self._closed = False
+
+    def feed(self, segment: Segment) -> list[Record]:
+        """Take one segment; return the records it completed."""
+        return self._records(self.reassembler.feed_raw(segment))
+
+    def expire(self, idle_before: int) -> list[Record]:
+        """Close the connections silent since before ``idle_before`` (ns, capture time): the records they held."""
+        return self._records(self.reassembler.expire(idle_before))
+
+    def close(self) -> list[Record]:
+        """End of input: the records still held (truncated frames, gaps)."""
+        if self._closed:
+            return []
+        self._closed = True
+        out = self._records(self.reassembler.close_raw())
+        self.stats.skipped["not memcached-binary TCP"] += self.reassembler.skipped_segments
+        return out
+
+    def _records(self, batches: list[Batch]) -> list[Record]:
+        out: list[Record] = []
+        for b in batches:
+            conn, d = b[0], b[1]
+            label = conn.label
+            file = b[6] or conn.file
+            state = self._sessions.state(conn)
+            for ev, ts_first, ts_last, p_first, p_last in expand(b):
+                self.number += 1
+                out.append(Record(self.number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context))
+                if ev.__class__ is Frame and ev[1][1] in SESSION_OPS and ev[2] == "mcbp":
+                    state.observe(d, ev)
+        self.stats.records = self.number
+        return out
+
+
+def iter_records(
+    segments: Iterable[Segment],
+    *,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+) -> Iterator[Record]:
+    """Reassemble, decode and contextualise ``segments``; yield records in completion order."""
+    rec = Recorder(
+        server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, stats=stats, reveal_secrets=reveal_secrets
+    )
+    for seg in segments:
+        out = rec.feed(seg)
+        if out:
+            yield from out
+    yield from rec.close()
+
+
+@dataclass
+class RecordChunk:
+    """Many records in columnar form (the twin of :class:`Record` for table builders).
+
+    ``events`` and ``context`` have one entry per record; the rest one per
+    *run* - the records completed by one packet in one direction - with
+    ``counts`` records each.  ``heads`` overrides the times and packets of the
+    few records that began in an earlier packet (index in the chunk ->
+    ``(ts_first, ts_last, packet_first, packet_last)``).  Record numbers run
+    from ``first_number``; connection labels are in ``labels`` (by id).
+    """
+
+    first_number: int
+    events: list[Event] = field(default_factory=list)
+    context: list[DissectContext] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    conn: list[int] = field(default_factory=list)
+    direction: list[str] = field(default_factory=list)
+    file: list[str] = field(default_factory=list)
+    ts: list[int] = field(default_factory=list)
+    packet: list[int] = field(default_factory=list)
+    heads: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def record(self, i: int) -> Record:
+        """Record ``i`` of the chunk as a :class:`Record`."""
+        run = bisect_right(list(accumulate(self.counts)), i)
+        c = self.conn[run]
+        ts = self.ts[run]
+        packet = self.packet[run]
+        tf, tl, pf, pl = self.heads.get(i, (ts, ts, packet, packet))
+        return Record(
+            self.first_number + i, self.file[run], c, self.labels[c], self.direction[run], tl, tf, pl, pf, self.events[i], self.context[i]
+        )
+
+    def records(self) -> Iterator[Record]:
+        """Every record of the chunk, in order."""
+        i = 0
+        for run, n in enumerate(self.counts):
+            c = self.conn[run]
+            ts = self.ts[run]
+            packet = self.packet[run]
+            for j in range(i, i + n):
+                tf, tl, pf, pl = self.heads.get(j, (ts, ts, packet, packet))
+                yield Record(
+                    self.first_number + j,
+                    self.file[run],
+                    c,
+                    self.labels[c],
+                    self.direction[run],
+                    tl,
+                    tf,
+                    pl,
+                    pf,
+                    self.events[j],
+                    self.context[j],
+                )
+            i += n
+
+
+def iter_chunks(
+    segments: Iterable[Segment],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+) -> Iterator[RecordChunk]:
+    """The records of :func:`iter_records` (same order, numbers and contexts) in chunks of about ``rows``."""
+    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+    st = stats if stats is not None else CaptureStats()
+    sessions = Sessions(st.states, reveal_secrets)
+    chunk = RecordChunk(1)
+    for conn, d, evs, ts, packet, heads, file in _batches(segments, r, st):
+        base = len(chunk.events)
+        chunk.events += evs
+        chunk.context += sessions.contexts(conn, d, evs)
+        chunk.counts.append(len(evs))
+        chunk.conn.append(conn.id)
+        chunk.direction.append(d)
+        chunk.file.append(file or conn.file)
+        chunk.ts.append(ts)
+        chunk.packet.append(packet)
+        for i, h in enumerate(heads, base):
+            chunk.heads[i] = h
+        chunk.labels[conn.id] = conn.label
+        if len(chunk.events) >= rows:
+            st.records = chunk.first_number + len(chunk) - 1
+            yield chunk
+            chunk = RecordChunk(chunk.first_number + len(chunk))
+    st.records = chunk.first_number + len(chunk) - 1
+    if chunk.events:
+        yield chunk
+
+
+def gc_paused(items: Iterable[T]) -> Iterator[T]:
+    """Yield from ``items`` with Python's cyclic collector paused while each item is made.
+
+    The decoder allocates small objects by the million and none of them form
+    cycles, while every full collection would walk all that are still held
+    (in a Spark worker it tripled a task's time).  The collector runs between
+    items, as the caller consumes them.
+    """
+    it = iter(items)
+    while True:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            item = next(it, _END)
+        finally:
+            if was:
+                gc.enable()
+        if item is _END:
+            return
+        yield item
+
+
+_END: Any = object()

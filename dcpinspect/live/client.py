@@ -1,0 +1,350 @@
+"""A live DCP client: the asyncio edge around :class:`~dcpinspect.live.consumer.DcpConsumer`.
+
+It connects, moves bytes between the socket and the sans-IO consumer, hands
+every byte both ways to a :class:`~dcpinspect.live.tap.LiveCapture` (so the
+frames become records live, exactly as a capture would give them, and
+optionally a pcap), and persists the consumer's resume state as JSON at
+consistent points and on exit.
+
+    state = await run_client("127.0.0.1", 11210, ConsumerConfig(bucket="b", user="u", password=pw, to_latest=True))
+
+Works inside a running event loop (Jupyter: ``await run_client(...)`` or
+``DcpClient(...).start()``) and from plain code (:func:`run_client_sync`).
+``dcpinspect client HOST:PORT ...`` is its command line (:mod:`dcpinspect.cli.live`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..flows.records import Record
+from .consumer import ConsumerConfig, DcpConsumer
+from .consumer_states import ConsumerEvent
+from .resume import ResumeState
+from .tap import LiveCapture, LiveConnection
+
+__all__ = ["ClientError", "DcpClient", "load_state", "run_client", "run_client_sync", "save_state"]
+
+
+class ClientError(Exception):
+    """The connection failed (refused, authentication, server gone): a one-line reason.
+
+    ``state`` holds the resume state as far as it got (already saved if a state file was given).
+    """
+
+    def __init__(self, message: str, state: ResumeState | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+def load_state(path: str | Path) -> ResumeState | None:
+    """The resume state saved at ``path`` (``None`` if the file does not exist; ``ClientError`` if unreadable)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        return ResumeState.from_json(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"cannot read the state file {p}: {exc}") from None
+
+
+def save_state(path: str | Path, state: ResumeState) -> None:
+    """Write ``state`` to ``path`` atomically (a reader never sees half a file)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(state.to_json())
+    os.replace(tmp, p)
+
+
+class DcpClient:
+    """One DCP client connection.
+
+    Args:
+        host, port: the server (memcached / the simulator).
+        config: what to stream; if its ``resume`` is ``None`` and ``state_path`` exists, that state is used.
+        on_record: called with every frame's :class:`~dcpinspect.flows.records.Record` as it completes (both directions).
+            Without it (and without ``pcap``/``capture``) the frames are not turned into records at all;
+            the client keeps only per-vbucket state and counters, however long the stream.
+        on_event: called with every :class:`~dcpinspect.live.consumer_states.ConsumerEvent`.
+        pcap: also write the connection to this pcap file.
+        state_path: persist the resume state here (JSON) at consistent points and on exit.
+        capture: an existing :class:`LiveCapture` to add this connection to (``pcap``/``on_record`` then unused).
+        connect_timeout: seconds to connect.
+        tick: seconds between the consumer's clock ticks when nothing arrives.
+        save_interval: at most one state write per this many seconds (plus the one on exit).
+        hold_acks: start with buffer acknowledgements withheld (see :attr:`hold_acks`).
+        clock: the time source of the consumer's timeouts (replies, noops) and of the state saves
+            (default: the event loop's clock).  A test can pass a fake clock and advance it only
+            while it knows the server is silent; ``tick`` and ``connect_timeout`` stay real time.
+
+    :attr:`bytes` counts the bytes written to and read from the socket (``c2s``, ``s2c``).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        config: ConsumerConfig,
+        *,
+        on_record: Callable[[Record], None] | None = None,
+        on_event: Callable[[ConsumerEvent], None] | None = None,
+        pcap: str | Path | None = None,
+        state_path: str | Path | None = None,
+        capture: LiveCapture | None = None,
+        connect_timeout: float = 10.0,
+        tick: float = 0.2,
+        save_interval: float = 1.0,
+        hold_acks: bool = False,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.config = config
+        self.on_record = on_record
+        self.on_event = on_event
+        self.pcap = pcap
+        self.state_path = state_path
+        self.capture = capture
+        self.connect_timeout = connect_timeout
+        self.tick = tick
+        self.save_interval = save_interval
+        self.clock = clock
+        #: bytes written to (``c2s``) and read from (``s2c``) the socket so far
+        self.bytes = {"c2s": 0, "s2c": 0}
+        self.consumer: DcpConsumer | None = None
+        self._hold_acks = hold_acks
+        self._stop = False
+        self._task: asyncio.Task[ResumeState] | None = None
+        self._progress = asyncio.Event()  # set (and replaced) each time the client handled data or a tick
+        self._ended = False
+
+    @property
+    def state(self) -> ResumeState | None:
+        """The consumer's resume state so far (``None`` before it started)."""
+        return self.consumer.state if self.consumer is not None else None
+
+    @property
+    def hold_acks(self) -> bool:
+        """Buffer acknowledgements are withheld: a stalled consumer (flow control); set back to ``False`` to acknowledge again."""
+        return self._hold_acks
+
+    @hold_acks.setter
+    def hold_acks(self, value: bool) -> None:
+        self._hold_acks = bool(value)
+        if self.consumer is not None:
+            self.consumer.hold_acks = self._hold_acks
+
+    async def start(self) -> None:
+        """Run in the background on the current event loop (see :meth:`wait`, :meth:`stop`)."""
+        self._task = asyncio.ensure_future(self.run())
+
+    async def wait(self) -> ResumeState:
+        """Wait for a :meth:`start`-ed client to finish; its result (or its ``ClientError``)."""
+        if self._task is None:
+            raise RuntimeError("the client was not started")
+        return await self._task
+
+    async def until(self, predicate: Callable[[DcpConsumer], bool]) -> DcpConsumer:
+        """Wait until ``predicate(consumer)`` holds; returns the consumer.
+
+        The predicate is checked now and after each time the client handled what arrived (or a tick
+        passed).  Raises the client's ``ClientError`` if it ended with one first, else ``ClientError``
+        if it ended without the predicate ever holding.  Wrap in ``asyncio.wait_for`` for a deadline.
+        """
+        while True:
+            consumer = self.consumer
+            if consumer is not None and predicate(consumer):
+                return consumer
+            task = self._task
+            if self._ended or (task is not None and task.done()):
+                if task is not None:
+                    await task
+                raise ClientError("the client ended before the awaited condition held", self.state)
+            waiter = asyncio.ensure_future(self._progress.wait())
+            try:
+                await asyncio.wait([waiter] if task is None else [waiter, task], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+
+    def _progressed(self) -> None:
+        done, self._progress = self._progress, asyncio.Event()
+        done.set()
+
+    async def stop(self) -> ResumeState:
+        """Close the streams, finish, save the state; returns it."""
+        self._stop = True
+        return await self.wait()
+
+    async def run(self) -> ResumeState:
+        """Connect and stream until every stream ended (or :meth:`stop`); returns the final resume state.
+
+        Raises:
+            ClientError: cannot connect, authentication failed, the server went away, or another fatal failure.
+        """
+        self._ended = False
+        try:
+            return await self._run()
+        finally:
+            self._ended = True
+            self._progressed()
+
+    async def _run(self) -> ResumeState:
+        config = self.config
+        if config.resume is None and self.state_path is not None:
+            saved = load_state(self.state_path)
+            if saved is not None:
+                if saved.bucket and saved.bucket != config.bucket:
+                    raise ClientError(f"the state file {self.state_path} is for bucket {saved.bucket!r}, not {config.bucket!r}")
+                config = dataclasses.replace(config, resume=saved)
+        clock = self.clock or asyncio.get_running_loop().time
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.connect_timeout)
+        except TimeoutError:
+            raise ClientError(f"cannot connect to {self.host}:{self.port}: timed out") from None
+        except OSError as exc:
+            raise ClientError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+        own_capture = self.capture is None
+        capture = self.capture
+        if capture is None and (self.pcap is not None or self.on_record is not None):
+            # records go to on_record or nowhere: a LiveCapture without a callback would keep every one
+            capture = LiveCapture(pcap=self.pcap, on_record=self.on_record or _discard)
+        conn: LiveConnection | None = None
+        if capture is not None:
+            local = writer.get_extra_info("sockname") or ("0.0.0.0", 0)
+            peer = writer.get_extra_info("peername") or (self.host, self.port)
+            conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
+        consumer = self.consumer = DcpConsumer(config, now=clock())
+        consumer.hold_acks = self._hold_acks
+        last_save = clock()
+        dirty = False
+        closed_by = "c2s"
+
+        async def send() -> None:
+            out = consumer.data_to_send()
+            if not out:
+                return
+            if conn is not None:
+                conn.data("c2s", out)
+            writer.write(out)
+            self.bytes["c2s"] += len(out)
+            # a server that never reads must not block the client forever
+            await asyncio.wait_for(writer.drain(), config.response_timeout)
+
+        try:
+            while True:
+                try:
+                    await send()
+                    if not consumer.done and self._stop:
+                        dirty |= self._events(consumer.close_streams(clock()))
+                        await send()  # the CLOSE_STREAMs
+                except TimeoutError:
+                    self._events(consumer.connection_failed(f"the server read nothing for {config.response_timeout:g} s"))
+                except OSError as exc:
+                    self._events(consumer.connection_failed(f"connection error: {exc.strerror or exc}"))
+                if consumer.done:
+                    break
+                # (streams closing: read on until their STREAM_END(Closed) or the timeout: the server may send queued messages first)
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
+                except TimeoutError:
+                    data = None
+                except OSError as exc:
+                    data = b""
+                    self._events([ConsumerEvent("error", f"connection error: {exc.strerror or exc}")])
+                now = clock()
+                events: list[ConsumerEvent] = []
+                if data == b"":
+                    closed_by = "s2c"
+                    events += consumer.connection_lost()
+                elif data:
+                    self.bytes["s2c"] += len(data)
+                    if conn is not None:
+                        conn.data("s2c", data)
+                    events += consumer.receive(data, now)
+                events += consumer.tick(now)
+                dirty |= self._events(events)
+                self._progressed()
+                if dirty and self.state_path is not None and now - last_save >= self.save_interval:
+                    save_state(self.state_path, consumer.state)
+                    last_save, dirty = now, False
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.close()
+                await writer.wait_closed()
+            if conn is not None:
+                conn.close(by=closed_by)
+            if capture is not None:
+                if own_capture:
+                    capture.close()
+                else:
+                    capture.flush()
+            if self.state_path is not None:
+                save_state(self.state_path, consumer.state)
+        if consumer.failure is not None:
+            raise ClientError(consumer.failure, consumer.state)
+        return consumer.state
+
+    def _events(self, events: list[ConsumerEvent]) -> bool:
+        checkpoint = False
+        for ev in events:
+            checkpoint |= ev.kind == "checkpoint"
+            if self.on_event is not None:
+                self.on_event(ev)
+        return checkpoint
+
+    def run_sync(self) -> ResumeState:
+        """:meth:`run` from synchronous code (also when an event loop is already running in this thread)."""
+        return _sync(self.run)
+
+
+def _discard(_rec: Record) -> None:
+    """An ``on_record`` that keeps nothing."""
+
+
+async def run_client(
+    host: str,
+    port: int,
+    config: ConsumerConfig,
+    *,
+    on_record: Callable[[Record], None] | None = None,
+    on_event: Callable[[ConsumerEvent], None] | None = None,
+    pcap: str | Path | None = None,
+    state_path: str | Path | None = None,
+    **options: Any,
+) -> ResumeState:
+    """Stream from ``host:port`` until every stream ended; returns the resume state (see :class:`DcpClient`)."""
+    client = DcpClient(host, port, config, on_record=on_record, on_event=on_event, pcap=pcap, state_path=state_path, **options)
+    return await client.run()
+
+
+def run_client_sync(host: str, port: int, config: ConsumerConfig, **kw: Any) -> ResumeState:
+    """:func:`run_client` for synchronous code (runs in a thread if this thread already has a running loop)."""
+    return _sync(lambda: run_client(host, port, config, **kw))
+
+
+def _sync(make: Callable[[], Any]) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(make())
+        except BaseException as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=target, name="dcpinspect-client")
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

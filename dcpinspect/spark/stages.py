@@ -1,0 +1,353 @@
+"""Stages 1 and 2 on Spark: captures -> record-aligned byte ranges -> TCP segment metadata; per-file status; the shuffle by connection.
+
+The capture format is the core's business (:func:`~dcpinspect.capture.pcapfile.split_ranges`,
+:func:`~dcpinspect.capture.pcapfile.read_range`,
+:func:`~dcpinspect.capture.packets.locate_segment`); this module opens the
+files through ``pyarrow.fs`` (so cluster storage works the same) and moves
+rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from operator import itemgetter
+from typing import Any
+
+import pyarrow as pa
+
+from ..capture.packets import locate_segment
+from ..capture.pcapfile import CaptureError, CaptureRange, CaptureReader, read_range, split_ranges, time_problem
+from ..flows.records import gc_paused
+from .session import filesystem
+
+__all__ = [
+    "DEFAULT_SPLIT_SIZE",
+    "GPOS_SHIFT",
+    "RANGE_DDL",
+    "SEG_DDL",
+    "SEG_INPUT",
+    "SEG_SCHEMA",
+    "STATUS_DDL",
+    "STATUS_INPUT",
+    "STATUS_NAMES",
+    "by_connection",
+    "capture_end",
+    "connection_sizes",
+    "file_status",
+    "range_segments",
+    "segments",
+    "split",
+    "split_file",
+    "status_rows",
+    "status_table",
+]
+
+DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
+GPOS_SHIFT = 40  # capture position: file index << 40 | packet number
+
+# --------------------------------------------------------------------------- stage 1: split
+
+_RANGE_SCHEMA = pa.schema(
+    [
+        ("file_index", pa.int32()),
+        ("path", pa.string()),
+        ("range_index", pa.int32()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+        ("first_packet", pa.int64()),
+        ("prefix", pa.binary()),
+    ]
+)
+RANGE_DDL = "file_index int, path string, range_index int, start long, end long, first_packet long, prefix binary"
+
+
+def split_file(path: str, split_size: int) -> list[CaptureRange]:
+    """The record-aligned ranges of one file (see :func:`~dcpinspect.capture.pcapfile.split_ranges`), opened through ``pyarrow.fs``."""
+    fs, p = filesystem(path)
+    try:
+        f = fs.open_input_file(p)
+    except (OSError, FileNotFoundError):
+        return [CaptureRange(0, 0, 1, b"")]
+    with f:
+        return split_ranges(f, split_size)
+
+
+def split(files: Any, split_size: int = DEFAULT_SPLIT_SIZE) -> Any:
+    """Stage 1: files (``file_index``, ``path``) -> record-aligned byte ranges (one row each)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            cols: dict[str, list[Any]] = {f.name: [] for f in _RANGE_SCHEMA}
+            for fi, path in zip(batch.column("file_index").to_pylist(), batch.column("path").to_pylist(), strict=True):
+                for ri, (start, end, first, prefix) in enumerate(split_file(path, split_size)):
+                    for k, v in zip(_RANGE_SCHEMA.names, (fi, path, ri, start, end, first, prefix), strict=True):
+                        cols[k].append(v)
+            yield pa.RecordBatch.from_pydict(cols, schema=_RANGE_SCHEMA)
+
+    return files.mapInArrow(run, RANGE_DDL)
+
+
+# --------------------------------------------------------------------------- stage 2: segments
+
+_SEG_FIELDS = [
+    (
+        "kind",
+        pa.int8(),
+    ),  # 0 segment, 1 range status, 2 a connection's summary in a range (weight in ``missing``, segments in ``packets``, its last ``gpos`` and ``ts``)
+    ("file_index", pa.int32()),
+    ("path", pa.string()),
+    ("gpos", pa.int64()),  # file_index << 40 | packet number
+    ("ckey", pa.string()),  # the connection's 4-tuple, either direction
+    ("ts", pa.int64()),
+    ("src", pa.string()),
+    ("sport", pa.int32()),
+    ("dst", pa.string()),
+    ("dport", pa.int32()),
+    ("seq", pa.int64()),
+    ("flags", pa.int32()),
+    ("poff", pa.int64()),  # payload offset in the file
+    ("plen", pa.int32()),
+    ("missing", pa.int64()),
+    # range status (kind 1)
+    ("range_index", pa.int32()),
+    ("format", pa.string()),
+    ("error", pa.string()),
+    ("problems", pa.list_(pa.string())),
+    ("packets", pa.int64()),
+    ("linktypes", pa.list_(pa.int32())),
+    ("skipped", pa.string()),
+]
+SEG_SCHEMA = pa.schema(_SEG_FIELDS)
+SEG_DDL = (
+    "kind byte, file_index int, path string, gpos long, ckey string, ts long, src string, sport int, dst string, dport int, "
+    "seq long, flags int, poff long, plen int, missing long, range_index int, format string, error string, "
+    "problems array<string>, packets long, linktypes array<int>, skipped string"
+)
+
+
+def range_segments(file_index: int, path: str, range_index: int, start: int, end: int, first_packet: int, prefix: bytes) -> pa.RecordBatch:
+    """Stage 2 for one range: segment metadata rows, one summary row per connection and one status row."""
+    cols: dict[str, list[Any]] = {name: [] for name, _ in _SEG_FIELDS}
+    reader = CaptureReader(path)
+    reader.packets = first_packet - 1
+    skipped: Counter[str] = Counter()
+    error = None
+    fs, p = filesystem(path)
+    try:
+        f = fs.open_input_file(p)
+    except (OSError, FileNotFoundError) as exc:
+        reason = os.strerror(exc.errno) if isinstance(exc.errno, int) else str(exc)
+        error = str(CaptureError(path, 0, f"cannot open: {reason}"))
+    else:
+        with f:
+            error = _read_segments(cols, reader, f, CaptureRange(start, end, first_packet, prefix), file_index << GPOS_SHIFT, skipped)
+    n = len(cols["gpos"])
+    for name in ("kind", "file_index", "path", "range_index", "format", "error", "problems", "packets", "linktypes", "skipped"):
+        cols[name] += [None] * n
+    cols["kind"][:n] = [0] * n
+    cols["file_index"][:n] = [file_index] * n
+    rows = _summaries(cols, file_index, range_index)
+    rows.append(_range_status(reader, skipped, error, file_index, path, range_index, first_packet))
+    for row in rows:
+        for name, _ in _SEG_FIELDS:
+            cols[name].append(row.get(name))
+    return pa.RecordBatch.from_pydict(cols, schema=SEG_SCHEMA)
+
+
+def _read_segments(
+    cols: dict[str, list[Any]], reader: CaptureReader, f: Any, rng: CaptureRange, base: int, skipped: Counter[str]
+) -> str | None:
+    """The TCP segments of one range as rows (``kind`` 0) of ``cols``; the error that ended the read, if any."""
+    path = reader.path
+    c_ts, c_src, c_sport, c_dst, c_dport, c_seq, c_flags, c_missing = (
+        cols[k] for k in ("ts", "src", "sport", "dst", "dport", "seq", "flags", "missing")
+    )
+    gpos, ckey, poff, plen = cols["gpos"], cols["ckey"], cols["poff"], cols["plen"]
+    keys: dict[tuple[str, int, str, int], str] = {}
+    try:
+        for pkt in read_range(reader, f, rng):
+            found = locate_segment(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, path, skipped)
+            if found is None:
+                continue
+            seg, _tcp, at = found
+            four = (seg.src, seg.sport, seg.dst, seg.dport)
+            ck = keys.get(four)
+            if ck is None:
+                a, b = (seg.src, seg.sport), (seg.dst, seg.dport)
+                lo, hi = (a, b) if a <= b else (b, a)
+                ck = keys[four] = f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}"
+            gpos.append(base | pkt.number)
+            ckey.append(ck)
+            poff.append(pkt.data_offset + at)
+            plen.append(len(seg.payload))
+            c_ts.append(seg.ts)
+            c_src.append(seg.src)
+            c_sport.append(seg.sport)
+            c_dst.append(seg.dst)
+            c_dport.append(seg.dport)
+            c_seq.append(seg.seq)
+            c_flags.append(seg.flags)
+            c_missing.append(seg.missing)
+    except CaptureError as exc:
+        return str(exc)
+    return None
+
+
+def _summaries(cols: dict[str, list[Any]], file_index: int, range_index: int) -> list[dict[str, Any]]:
+    """One row per connection (``kind`` 2): its weight in this range and where it was last seen (for :func:`by_connection`)."""
+    seen: dict[str, list[int]] = {}
+    for ck, g, t, pl in zip(cols["ckey"], cols["gpos"], cols["ts"], cols["plen"], strict=True):
+        e = seen.get(ck)
+        if e is None:
+            seen[ck] = [pl + 64, 1, g, t]
+        else:
+            e[0] += pl + 64
+            e[1] += 1
+            e[2], e[3] = g, t
+    return [
+        {"kind": 2, "file_index": file_index, "range_index": range_index, "ckey": ck, "missing": w, "packets": k, "gpos": g, "ts": t}
+        for ck, (w, k, g, t) in seen.items()
+    ]
+
+
+def _range_status(
+    reader: CaptureReader, skipped: Counter[str], error: str | None, file_index: int, path: str, range_index: int, first_packet: int
+) -> dict[str, Any]:
+    """The range's status row (``kind`` 1).
+
+    Out-of-range packet times are one problem per file: this range's count
+    and first offset travel as numbers (``missing``, ``poff``; see :func:`status_rows`).
+    """
+    late = time_problem(reader.bad_times) if reader.bad_times else None
+    late_at = next((off for off, msg in reader.problems if msg == late), None)
+    return {
+        "kind": 1,
+        "file_index": file_index,
+        "path": path,
+        "range_index": range_index,
+        "format": reader.format or None,
+        "error": error,
+        "problems": [f"{msg} (at byte offset {off})" for off, msg in reader.problems if msg != late],
+        "packets": reader.packets - (first_packet - 1),
+        "linktypes": sorted(reader.linktypes),
+        "skipped": ",".join(f"{k}={v}" for k, v in sorted(skipped.items())),
+        "missing": reader.bad_times,  # packets with an out-of-range time in this range
+        "poff": late_at,  # where the first of them is
+    }
+
+
+def segments(ranges: Any) -> Any:
+    """Stage 2: ranges -> TCP segment metadata (``kind`` 0) and one status row per range (``kind`` 1)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def each() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for row in batch.to_pylist():
+                    yield range_segments(
+                        row["file_index"], row["path"], row["range_index"], row["start"], row["end"], row["first_packet"], row["prefix"]
+                    )
+
+        yield from gc_paused(each())
+
+    return ranges.mapInArrow(run, SEG_DDL)
+
+
+STATUS_DDL = (
+    "file_index int, path string, status string, format string, packets long, error string, problems array<string>, linktypes array<int>"
+)
+
+
+def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
+    """The per-file status rows (:data:`STATUS_DDL`) from the range status rows (``kind`` 1) of the segments."""
+    files: dict[int, list[dict[str, Any]]] = {}
+    for r in ranges.to_pylist():
+        if r["kind"] == 1:
+            files.setdefault(r["file_index"], []).append(r)
+    out = []
+    for fi in sorted(files):
+        rs = sorted(files[fi], key=itemgetter("range_index"))
+        error = next((r["error"] for r in rs if r["error"] is not None), None)
+        problems = []
+        late = sum(r["missing"] or 0 for r in rs)
+        for r in rs:
+            if late and r["poff"] is not None:  # the file's one out-of-range-time problem, in the first range that has one
+                problems.append(f"{time_problem(late)} (at byte offset {r['poff']})")
+                late = 0
+            problems += r["problems"] or ()
+        formats = [r["format"] for r in rs if r["format"] is not None]
+        packets = [r["packets"] for r in rs if r["packets"] is not None]
+        status = "error" if error is not None else "problems" if problems else "ok"
+        linktypes = sorted({lt for r in rs for lt in r["linktypes"] or ()})
+        out.append((fi, rs[0]["path"], status, max(formats, default=None), sum(packets) if packets else None, error, problems, linktypes))
+    return out
+
+
+def file_status(segs: Any) -> Any:
+    """The per-file status table: format, packets, error, problems, link types (one row per file; aggregated on the driver)."""
+    rows = status_rows(segs.filter("kind = 1").select("kind", "file_index", "path", "missing", "poff", *STATUS_INPUT).toArrow())
+    return segs.sparkSession.createDataFrame(rows, STATUS_DDL)
+
+
+STATUS_INPUT = ("range_index", "format", "error", "problems", "packets", "linktypes")
+STATUS_NAMES = ("file_index", "path", "status", "format", "packets", "error", "problems", "linktypes")
+
+
+def status_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The per-file status table (:data:`STATUS_NAMES`) in Arrow, from its rows as dicts."""
+    types = [pa.int32(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.string(), pa.list_(pa.string()), pa.list_(pa.int32())]
+    return pa.table({k: pa.array([r[k] for r in rows], t) for k, t in zip(STATUS_NAMES, types, strict=True)})
+
+
+def connection_sizes(rows: pa.Table) -> tuple[list[tuple[str, int]], tuple[int, int]]:
+    """From the connection summaries (``kind`` 2) of the segments: (ckey, weight) per connection, and :func:`capture_end`."""
+    weight: dict[str, int] = {}
+    end = (0, 0)
+    kind = rows.column("kind").to_pylist()
+    for k, ck, w, g, t in zip(kind, *(rows.column(c).to_pylist() for c in ("ckey", "missing", "gpos", "ts")), strict=True):
+        if k == 2:
+            weight[ck] = weight.get(ck, 0) + w
+            end = max(end, (g, t))
+    return sorted(weight.items()), (int(end[1]), int(end[0]))
+
+
+SEG_INPUT = ("file_index", "gpos", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")
+
+
+def capture_end(segs: Any) -> tuple[int, int]:
+    """(ts, capture position) of the capture's last TCP segment: where the single-process read ends."""
+    from pyspark.sql import functions as F
+
+    row = segs.filter("kind = 0").agg(F.max_by(F.struct("ts", "gpos"), "gpos").alias("m")).collect()[0]["m"]
+    if row is None:
+        return 0, 0
+    return int(row["ts"]), int(row["gpos"])
+
+
+def by_connection(
+    segs: Any, partitions: int, sizes: tuple[list[tuple[str, int]], tuple[int, int]] | None = None
+) -> tuple[Any, tuple[int, int]]:
+    """Segment metadata shuffled by connection and sorted by capture position (the input of stages 3 and 4), and :func:`capture_end`.
+
+    Connections are spread over the partitions by size (payload bytes and
+    segments, largest first to the lightest partition), not by hash: a capture
+    has few connections, and a hash puts two big ones on one task as often as
+    not.  The sizes and the capture's end are :func:`connection_sizes` of the
+    segments' connection summaries (one small job, unless ``sizes`` are given).
+    """
+    from pyspark.sql import functions as F
+
+    if sizes is None:
+        sizes = connection_sizes(segs.filter("kind = 2").select("kind", "ckey", "missing", "gpos", "ts").toArrow())
+    weights, last = sizes
+    load = [0] * partitions
+    target = []
+    for ckey, w in sorted(weights, key=lambda x: (-x[1], x[0])):
+        p = min(range(partitions), key=load.__getitem__)
+        load[p] += w
+        target.append((ckey, p))
+    spark = segs.sparkSession
+    where = spark.createDataFrame(target or [("", 0)], "ckey string, _p int")
+    data = segs.filter("kind = 0").select(*SEG_INPUT, "ckey").join(F.broadcast(where), "ckey")
+    return data.repartitionById(partitions, "_p").sortWithinPartitions("gpos").drop("ckey", "_p"), last

@@ -1,0 +1,203 @@
+"""Stage 4: each connection's timeline built in the keys pass, merged on the driver (the Spark glue; an edge: numpy).
+
+Each connection's records are fed, in order, to a
+:class:`~dcpinspect.timeline.builder.TimelineBuilder` of its own in the keys
+pass (record numbers are the keys K = k1 << KSHIFT | k2, which sort exactly
+like the global frame numbers; connection ids are the positions ``ck`` that
+made them known, which sort like the global ids).  :class:`Parts` keeps those
+builders, through their public hooks only: with ``max_items`` the builder
+thins its items and passes every item and flow sample to the sinks first,
+which write them out (``analyze --items``) and note where each vbucket's
+highest item seqno rose (:class:`~dcpinspect.timeline.merge.SeqnoRises`).
+Each connection's result travels as a pickled
+:class:`~dcpinspect.timeline.merge.ConnPart`, its seqno history delta-coded
+and compressed with numpy; :func:`merge_timelines` hands the parts to
+:func:`dcpinspect.timeline.merge.merge_timelines` with the decoder of that
+history, and the driver then calls :meth:`Timeline.renumber`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..flows.records import Record, RecordChunk
+from ..protocol import spec
+from ..protocol.enums import Magic, Opcode
+from ..protocol.session import EXPECTS_RESPONSE
+from ..timeline import Item, Timeline, TimelineBuilder
+from ..timeline.merge import ConnPart, SeqnoRises, record_tuple, thin
+from ..timeline.merge import merge_timelines as merge_parts
+from ..wire.events import Frame
+from .frametable import ItemsOut
+from .numbering import KSHIFT
+
+__all__ = ["Parts", "merge_timelines"]
+
+_CLIENT_RESPONSES = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))  # responses to a client's requests
+_REQUESTS = frozenset((int(Magic.CLIENT_REQUEST), int(Magic.ALT_CLIENT_REQUEST)))
+_SNAPSHOT_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
+_MARKER_V1_EXTRAS = sum(f.size or 0 for f in spec.SNAPSHOT_V1_EXTRAS)  # a v1 marker's extras length; a v2 marker has a 1-byte version
+
+
+class _Conn:
+    """One connection's builder in a task, and what the merge needs besides its timeline."""
+
+    def __init__(self, ck: int, first: int, max_items: int | None, out: ItemsOut | None) -> None:
+        self.ck, self.first = ck, first
+        self.born: list[int] = []  # the key of the record that created each stream
+        self.raised: list[int] = []  # the key of the record that raised each anomaly
+        self.control: list[Record] = []  # the records the merge replays
+        self.markers: dict[int, Record] = {}  # v2 markers (key -> record): replayed if they carried a purge seqno
+        self.rises = SeqnoRises() if max_items is not None else None  # fed by the items sink (items are thinned)
+        self._new: dict[int, list[list[Item]]] = {}  # vbucket -> the items the sink got since the last drain
+        self.out = out
+        if max_items is None:
+            self.builder = TimelineBuilder()
+        else:
+            self.builder = TimelineBuilder(max_items=max_items, on_items=self._items, on_flow=out.add_flow if out is not None else None)
+
+    def _items(self, index: int, items: list[Item]) -> None:
+        vb = self.builder.streams[index].vbucket
+        if self.out is not None:
+            self.out.add_items(self.born[index], self.ck, vb, items)
+        self._new.setdefault(vb, []).append(items)
+
+    def flush(self) -> None:
+        """The builder's new items to the sinks (and thinned); where each vbucket's highest seqno rose, noted."""
+        self.builder.flush()
+        self._drain()
+
+    def _drain(self) -> None:
+        if self.rises is not None:
+            for vb, batches in self._new.items():
+                self.rises.add(vb, batches)
+        self._new.clear()
+
+    def part(self, max_items: int | None) -> ConnPart:
+        """The connection's :class:`ConnPart` (its streams' items moved into columns)."""
+        bl = self.builder
+        t = bl.timeline()
+        self._drain()  # the timeline flushed the last items
+        purge = {sn.frame for s in t.streams for sn in s.snapshots if isinstance(sn.purge_seqno, int)}
+        ctl = self.control + [r for k, r in self.markers.items() if k in purge]
+        ctl.sort(key=lambda r: r.number)
+        counts = [bl.items_seen(i) for i in range(len(t.streams))]
+        rises = self.rises if self.rises is not None else SeqnoRises.of(t.streams)
+        history = {vb: _rises_blob(ks, qs) for vb, (ks, qs) in rises.rises.items() if ks}
+        flow = t.flow
+        if max_items is not None:
+            for s in t.streams:
+                s.items = thin(s.items, max_items)
+            flow = thin(flow, max_items)
+        nrt = bl.anomaly_count
+        part = ConnPart(
+            self.ck,
+            self.first,
+            t.connections[self.ck],
+            list(zip(self.born, t.streams, strict=True)),
+            list(zip(self.raised, t.anomalies[:nrt], strict=True)),
+            t.anomalies[nrt:],
+            flow,
+            t.noops,
+            t.stalls,
+            counts,
+            [record_tuple(r) for r in ctl],
+            history,
+            [tuple(map(list, zip(*s.items, strict=True))) if s.items else () for s in t.streams],
+        )
+        for s in t.streams:
+            s.items = []
+        return part
+
+
+class Parts:
+    """The per-connection TimelineBuilders of one task (with ``max_items``, their items thinned as they come: bounded memory)."""
+
+    def __init__(self, max_items: int | None = None, items_to: str | None = None) -> None:
+        if items_to is not None and max_items is None:
+            raise ValueError("items_to needs max_items")
+        self.max_items = max_items
+        self.out = ItemsOut(items_to) if items_to is not None else None
+        self.conns: dict[int, _Conn] = {}
+
+    def feed(self, chunk: RecordChunk, k1: np.ndarray, k2: np.ndarray, run_ck: list[int]) -> None:
+        """Feed a chunk's records (keys ``k1``, ``k2``; connection ``ck`` per run) to their connections' builders."""
+        keys = (
+            ((k1 << KSHIFT) | k2).tolist()
+            if len(k1) and int(k1.max()) < 1 << (63 - KSHIFT)
+            else [a << KSHIFT | b for a, b in zip(k1.tolist(), k2.tolist(), strict=True)]
+        )
+        events, contexts, heads = chunk.events, chunk.context, chunk.heads
+        i = 0
+        for run, n in enumerate(chunk.counts):
+            ck = run_ck[run]
+            conn = self.conns.get(ck)
+            if conn is None:
+                conn = self.conns[ck] = _Conn(ck, keys[i], self.max_items, self.out)
+            bl = conn.builder
+            streams, born, raised, control, markers = bl.streams, conn.born, conn.raised, conn.control, conn.markers
+            feed = bl.feed
+            f, label, d, ts, packet = chunk.file[run], chunk.labels[chunk.conn[run]], chunk.direction[run], chunk.ts[run], chunk.packet[run]
+            na = bl.anomaly_count
+            for j in range(i, i + n):
+                key = keys[j]
+                tf, tl, pf, pl = heads.get(j, (ts, ts, packet, packet)) if heads else (ts, ts, packet, packet)
+                ev = events[j]
+                rec = Record(key, f, ck, label, d, tl, tf, pl, pf, ev, contexts[j])
+                ns = len(streams)
+                feed(rec)
+                if len(streams) != ns:
+                    born.append(key)
+                m = bl.anomaly_count
+                if m != na:
+                    raised.extend([key] * (m - na))
+                    na = m
+                if ev.__class__ is Frame and ev[2] == "mcbp":
+                    raw = ev[1]
+                    magic, op = raw[0], raw[1]
+                    if magic in _CLIENT_RESPONSES:
+                        control.append(rec)
+                    elif magic in _REQUESTS:
+                        if op in EXPECTS_RESPONSE:
+                            control.append(rec)
+                        elif op == _SNAPSHOT_MARKER and raw[4] != _MARKER_V1_EXTRAS:  # a v2 marker: may carry the purge seqno
+                            markers[key] = rec
+            i += n
+        if self.max_items is not None:
+            for ck in set(run_ck):
+                self.conns[ck].flush()
+
+    def parts(self, max_items: int | None) -> Iterator[tuple[int, bytes]]:
+        """Each connection's :class:`ConnPart`, pickled (``ck``, bytes)."""
+        for ck, conn in self.conns.items():
+            yield ck, pickle.dumps(conn.part(max_items), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def merge_timelines(parts: list[ConnPart], frames_of: Callable[[list[int]], list[int]] | None = None) -> tuple[Timeline, dict[int, int]]:
+    """:func:`dcpinspect.timeline.merge.merge_timelines` of parts whose seqno histories were compressed here."""
+    return merge_parts(parts, frames_of, rises=_unhistory)
+
+
+def _rises_blob(ks: list[int], qs: list[int]) -> bytes:
+    """(K, seqno) pairs where a vbucket's highest seqno rose, delta-coded and compressed (read by :func:`_unhistory`)."""
+    mask = (1 << KSHIFT) - 1
+    q = np.asarray(qs, np.uint64)
+    k1 = np.array([k >> KSHIFT for k in ks], np.int64)
+    k2 = np.array([k & mask for k in ks], np.int64)
+    blob = np.concatenate((np.diff(k1, prepend=0), k2, np.diff(q, prepend=np.uint64(0)).view(np.int64)))
+    return zlib.compress(blob.tobytes(), 1)
+
+
+def _unhistory(blob: bytes) -> tuple[Any, Any]:
+    """The (keys, seqnos) of :func:`_rises_blob` (keys as an int64 array while they fit)."""
+    a = np.frombuffer(zlib.decompress(blob), np.int64)
+    n = len(a) // 3
+    k1, k2, q = np.cumsum(a[:n]), a[n : 2 * n], np.cumsum(a[2 * n :].view(np.uint64))
+    if not n or int(k1.max()) < 1 << (63 - KSHIFT):
+        return (k1 << KSHIFT) | k2, q
+    return [x << KSHIFT | y for x, y in zip(k1.tolist(), k2.tolist(), strict=True)], q

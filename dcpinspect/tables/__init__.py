@@ -1,0 +1,24 @@
+"""Tables: records and timelines as columns (numpy, pyarrow, pandas live here and in the views only).
+
+Theory of operation: the frames table has one row per decoded event and the
+columns of :mod:`.columns` (their Arrow, pandas and Spark types in
+:mod:`.schema`).  :mod:`.frames_vector` builds it batch by batch, column-wise:
+headers and fixed-offset extras are gathered with numpy straight from the
+table's layouts, and only the rows that need a full dissection (values, rule
+checks, anything unusual) go through :func:`dcpinspect.dissect`, so the fast
+path can never disagree with the exact one (a differential test proves it row
+for row).  :mod:`.export` turns it into Arrow, pandas, parquet, CSV or JSON
+lines; :mod:`.timeline` turns a :class:`~dcpinspect.timeline.Timeline` into
+DataFrames (streams, attempts, snapshots, items, rollbacks, anomalies, flow).
+
+Rules:
+
+1. ``tables/`` is the only place that names a column or an Arrow, pandas or
+   Spark type; the Spark code and the views take them from :mod:`.schema`.
+2. Every row is decoded by the one decoder and dissected by the one
+   dissector: the vectorised path reads its layouts and rules from the
+   protocol table, never from a copy.
+3. Tables never lose a row: garbage, truncated frames and gaps are rows too,
+   with their problems in the ``problems`` column.
+4. A packet time out of range is a null ``ts``, never a wrapped number.
+"""

@@ -1,0 +1,149 @@
+"""Arrow and pandas views over the core (an edge module: imports pyarrow and pandas).
+
+``frames_table`` builds the frames table column by column (the columns are
+defined once, in ``columns.py``) as one Arrow table; ``frames_df`` is the same
+as a pandas DataFrame (uint64 columns as nullable ``UInt64``); parquet and CSV
+exports write the same table.  ``reference_frame`` is the protocol reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from ..flows.records import CaptureStats, Record
+from ..protocol.reference import reference_rows
+from .columns import FrameColumns
+from .frames_vector import SCHEMA, arrow_schema, read_batches
+from .schema import pandas_dtype
+
+__all__ = [
+    "FramesWriter",
+    "arrow_schema",
+    "csv_table",
+    "frame_rows",
+    "frames_df",
+    "frames_table",
+    "query_frames",
+    "reference_frame",
+    "write_csv",
+    "write_parquet",
+]
+
+Source = str | Path | Iterable[str | Path] | Iterable[Record]
+
+
+def frames_table(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pa.Table:
+    """The frames table (one row per frame, garbage run, truncated frame or gap) as Arrow.
+
+    ``source`` is a capture path, several paths (read in order, as one
+    capture), or records (from :func:`~dcpinspect.flows.records.iter_records`, a
+    proxy or a client).  ``options`` go to :func:`~dcpinspect.tables.frames_vector.read_batches`
+    (``server_ports``, ``detect``, ``reveal_secrets``, ``progress``).
+    """
+    if isinstance(source, (str, Path)):
+        source = [source]
+    items = list(source)
+    if items and isinstance(items[0], Record):
+        cols = FrameColumns().extend(items)  # type: ignore[arg-type]
+        return pa.table({f.name: pa.array(cols.cols[f.name], type=f.type) for f in SCHEMA}, schema=SCHEMA)
+    batches = list(read_batches([str(p) for p in items], stats=stats, **options))
+    return pa.Table.from_batches(batches, schema=SCHEMA)
+
+
+def frames_df(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pd.DataFrame:
+    """The frames table as a pandas DataFrame (nullable integer dtypes, uint64 kept exact)."""
+    return frames_table(source, stats=stats, **options).to_pandas(types_mapper=pandas_dtype)
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> None:
+    """Write the frames table as parquet (uint64 columns stay uint64)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, str(path))
+
+
+def write_csv(table: pa.Table, path: str | Path) -> None:
+    """Write the frames table as CSV (problems joined with '; ')."""
+    import pyarrow.csv as pcsv
+
+    pcsv.write_csv(csv_table(table), str(path))
+
+
+def csv_table(table: pa.Table) -> pa.Table:
+    """The frames table as CSV holds it: each row's ``problems`` joined with '; ' (CSV has no lists)."""
+    import pyarrow.compute as pc
+
+    joined = pc.binary_join(table.column("problems"), "; ")
+    return table.set_column(table.schema.get_field_index("problems"), "problems", joined)
+
+
+def _table(frames: pa.Table | pa.RecordBatch) -> pa.Table:
+    return frames if isinstance(frames, pa.Table) else pa.Table.from_batches([frames], schema=frames.schema)
+
+
+def query_frames(frames: pa.Table | pa.RecordBatch, expr: str) -> pa.Table:
+    """The rows of ``frames`` for which the pandas query ``expr`` holds (evaluated as Python: pass only trusted text).
+
+    Raises what pandas raises for a bad expression.
+    """
+    table = _table(frames)
+    df = table.to_pandas(types_mapper=pandas_dtype).query(expr, engine="python")
+    return pa.Table.from_pandas(df, schema=table.schema, preserve_index=False)
+
+
+def frame_rows(frames: pa.Table | pa.RecordBatch, columns: Iterable[str]) -> list[dict[str, Any]]:
+    """The rows of ``frames`` as dicts of ``columns``, ``ts`` as integer nanoseconds (the rows the CLI prints)."""
+    table = _table(frames).select(list(columns))
+    if "ts" in table.column_names:
+        i = table.schema.get_field_index("ts")
+        table = table.set_column(i, "ts", table.column(i).cast(pa.int64()))
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+class FramesWriter:
+    """The frames table written to one parquet or CSV file as it comes, table by table (the file is opened by the first)."""
+
+    def __init__(self, path: str | Path, fmt: str) -> None:
+        if fmt not in ("parquet", "csv"):
+            raise ValueError(f"no frames writer for {fmt!r} (parquet or csv)")
+        self.path = str(path)
+        self.fmt = fmt
+        self.rows = 0
+        self._writer: Any = None
+
+    def write(self, frames: pa.Table | pa.RecordBatch) -> None:
+        """Append the rows of ``frames`` (of the frames table's schema)."""
+        table = _table(frames)
+        if self.fmt == "csv":
+            table = csv_table(table)
+        if self._writer is None:
+            if self.fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                self._writer = pq.ParquetWriter(self.path, table.schema)
+            else:
+                import pyarrow.csv as pcsv
+
+                self._writer = pcsv.CSVWriter(self.path, table.schema)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        """Finish the file (if one was opened)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def reference_frame(*, dialect: str | None = None) -> pd.DataFrame:
+    """Every opcode's layout (one row per command, role, variant and field) as a DataFrame."""
+    df = pd.DataFrame(reference_rows())
+    if dialect is not None:
+        df = df[df["dialect"] == dialect].reset_index(drop=True)
+    return df.astype({"offset": "string", "size": "string"})

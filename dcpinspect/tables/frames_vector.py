@@ -1,0 +1,648 @@
+"""The frames table as Arrow record batches, built a column at a time (edge: numpy, pyarrow).
+
+:func:`chunk_batch` turns a :class:`~dcpinspect.flows.records.RecordChunk` into one
+``pyarrow.RecordBatch`` with the columns of :data:`~dcpinspect.tables.columns.FRAME_COLUMNS`,
+equal row for row to what :class:`~dcpinspect.tables.columns.FrameColumns` builds by
+dissecting every frame - only faster:
+
+* the 24-byte headers of all frames are read at once into numpy arrays;
+* frames are grouped by (magic, opcode, extras length, status, context); for
+  each group the protocol table picks the layout once (the same
+  :func:`~dcpinspect.wire.dissect.select_variant`
+  :func:`~dcpinspect.wire.dissect.dissect` uses), and the extras are read for the
+  whole group through a numpy dtype made from the layout's struct;
+* every rule :func:`~dcpinspect.wire.dissect.dissect` could break for that layout
+  (the table's typed rules - zero/non-zero, order, flag combinations - the flag
+  and enum values, CAS and datatype
+  rules, key and value presence, LEB128 collection ids, JSON documents) is
+  *tested* on the arrays; a row that may break one - and every row of a layout
+  this module does not vectorise (stream ids, system events, FlatBuffers,
+  xattrs, snappy, the session commands, the UPR draft, garbage and gaps) - is
+  dissected one by one, exactly as before.
+
+So problem messages come only from ``dissect``: this module decides which
+rows are provably clean, never what their problems are.  JSON documents are
+validated in bulk by Arrow's JSON parser behind guards (objects only, UTF-8,
+no control bytes, bounded nesting) that leave every case where Arrow and
+Python's ``json`` could disagree to ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from ..capture.read import read_chunks
+from ..flows.reassembly import DEFAULT_SERVER_PORTS, TS_MAX, TS_UNKNOWN
+from ..flows.records import CaptureStats, RecordChunk, gc_paused
+from ..protocol import spec
+from ..protocol.enums import Datatype, Magic
+from ..protocol.fields import (
+    ENUM,
+    FLAGS,
+    ContextIs,
+    Exclusive,
+    ExtrasLength,
+    FieldIs,
+    NonZero,
+    OnlyWith,
+    Order,
+    Requires,
+    Rule,
+    ValueLength,
+    Variant,
+    Zero,
+)
+from ..wire.dissect import GENERIC, command_names, select_variant
+from ..wire.dissection import DissectContext
+from ..wire.events import Frame
+from .columns import DCP_COLUMNS, FRAME_COLUMNS, FRAME_VALUE_COLUMNS, FrameColumns, dcp_values
+
+__all__ = ["SCHEMA", "VECTOR_RULES", "arrow_schema", "chunk_batch", "read_batches", "record_batches"]
+
+_TYPES = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "uint8": pa.uint8(),
+    "uint16": pa.uint16(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "timestamp[ns]": pa.timestamp("ns", tz="UTC"),
+    "list<string>": pa.list_(pa.string()),
+}
+_NUMPY = {"uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "int32": "i4", "int64": "i8"}
+
+
+def arrow_schema() -> pa.Schema:
+    """The frames table's Arrow schema (from :data:`~dcpinspect.tables.columns.FRAME_COLUMNS`)."""
+    return pa.schema([pa.field(name, _TYPES[typ], metadata={"description": desc}) for name, typ, desc in FRAME_COLUMNS])
+
+
+SCHEMA = arrow_schema()
+_HEADER = np.dtype(
+    [
+        ("magic", "u1"),
+        ("opcode", "u1"),
+        ("keylen", ">u2"),
+        ("extlen", "u1"),
+        ("datatype", "u1"),
+        ("vbs", ">u2"),
+        ("bodylen", ">u4"),
+        ("opaque", ">u4"),
+        ("cas", ">u8"),
+    ]
+)
+_STRUCT_CHARS = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8", "b": "i1", "h": ">i2", "i": ">i4", "q": ">i8"}
+_ROW = np.arange(24)
+_JSON = int(Datatype.JSON)
+_PACKED = int(Datatype.SNAPPY | Datatype.XATTR)  # a document that only dissect reads (compressed, or xattrs first)
+_CLASSIC = (Magic.CLIENT_REQUEST, Magic.CLIENT_RESPONSE)  # the alt magics carry framing extras (stream ids, durability)
+_RESPONSE_MAGICS = tuple(int(m) for m in (Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE, Magic.SERVER_RESPONSE))
+_JSON_PARSE = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
+_MAX_BRACKETS = 256  # documents with more '[' / '{' than this go to json.loads (Python's nesting limit)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a group of frames is read without dissecting each (None: dissect each)."""
+
+    name: str
+    role: str
+    variant: Variant
+    dtype: np.dtype[Any] | None
+    key_kind: str  # "doc" (cid may be split), "must" (key required), "none" (must be empty), "any"
+    split_cid: bool
+    value_kind: str  # "doc" (document; may be empty), "doc!" (must not be empty), "empty", "any"
+    status_name: str | None
+
+
+_PLANS: dict[tuple[int, int, int, int, DissectContext], _Plan | None] = {}
+
+
+def _dtype(v: Variant) -> np.dtype[Any] | None:
+    st = v.extras_struct
+    if st is None:
+        return None
+    chars = st.format.lstrip(">")
+    if any(ch not in _STRUCT_CHARS for ch in chars):
+        return None
+    dt = np.dtype([(name, _STRUCT_CHARS[ch]) for name, ch in zip(v.extras_names, chars, strict=True)])
+    return dt if dt.itemsize == v.extras_len else None
+
+
+def _plan(magic: int, opcode: int, extlen: int, status: int, ctx: DissectContext, rep: Frame) -> _Plan | None:
+    """The group's layout, if every frame of the group can be read from arrays (see the module doc)."""
+    if magic not in _CLASSIC:  # framing extras (stream ids, durability): dissect
+        return None
+    response = magic == Magic.CLIENT_RESPONSE
+    if response and status != spec.SUCCESS:
+        return None
+    cmd, name, _title = command_names(opcode, magic)
+    if cmd is None or (cmd.obsolete and not response):
+        return None
+    if cmd.sid == "stream" and ctx.stream_ids and not response:
+        return None  # "stream id missing"
+    variants = cmd.response if response else cmd.request
+    if any(_per_frame_layout(v, extlen) for v in variants):
+        return None
+    chosen = select_variant(variants, rep[1][24 : 24 + extlen], status if response else None)
+    if chosen is None or chosen is GENERIC:
+        return None
+    dt: np.dtype[Any] | None = None
+    if extlen:
+        if not chosen.extras or extlen != chosen.extras_len:
+            return None
+        dt = _dtype(chosen)
+        if dt is None:
+            return None
+    elif chosen.extras and not chosen.any_extras:
+        return None
+    if any(isinstance(r, ContextIs) and r.violated({}, ctx) for r in chosen.rules):
+        return None
+    kk = chosen.key
+    if kk in ("doc", "doc?"):
+        key_kind = "must" if kk == "doc" else "any"
+    elif kk in ("none", "any"):
+        key_kind = kk
+    else:
+        return None
+    split = kk in ("doc", "doc?") and bool(ctx.collections)
+    vk = chosen.value_kind
+    if vk == "fields":
+        if chosen.value:
+            return None
+        value_kind = "empty"
+    elif vk == "doc":
+        value_kind = "doc!" if chosen.value_required else "doc"
+    elif vk == "none":
+        value_kind = "empty"
+    elif vk == "any":
+        value_kind = "any"
+    else:
+        return None
+    status_name = spec.STATUS.get(status, f"unknown 0x{status:04x}") if response else None
+    return _Plan(name, "response" if response else "request", chosen, dt, key_kind, split, value_kind, status_name)
+
+
+def _per_frame_layout(v: Variant, extlen: int) -> bool:
+    """Whether frames with this extras length may or may not be of ``v`` depending on more than the length (a field, the value length)."""
+    if not all(c.holds(extlen, None, None, None) for c in v.conditions if isinstance(c, ExtrasLength)):
+        return False
+    others = [c for c in v.conditions if isinstance(c, (FieldIs, ValueLength))]
+    return bool(others) and not (any(isinstance(c, FieldIs) for c in others) and v.extras_len != extlen)
+
+
+def _suspect_extras(plan: _Plan, ext: np.ndarray | None, cas: np.ndarray, datatype: np.ndarray) -> np.ndarray:
+    """Rows of one group that may break one of the layout's rules (they are dissected)."""
+    v = plan.variant
+    bad = np.zeros(len(cas), bool)
+    if v.cas == "zero":
+        bad |= cas != 0
+    elif v.cas == "nonzero":
+        bad |= cas == 0
+    if v.datatypes is not None:
+        bad |= ~np.isin(datatype, np.fromiter(v.datatypes, np.int64))
+    if ext is None:
+        return bad
+    names = v.extras_names
+    for i, _off, f in v.extras_checked:
+        col = ext[names[i]].astype(np.uint64)
+        if f.invalid:
+            if f.kind == FLAGS:
+                bits = 0
+                for bit in f.invalid:
+                    bits |= bit
+                bad |= (col & np.uint64(bits)) != 0
+            else:
+                bad |= np.isin(col, np.array(list(f.invalid), np.uint64))
+        if f.strict and f.names is not None:
+            if f.kind == FLAGS:
+                known = 0
+                for bit in f.names:
+                    known |= bit
+                bad |= (col & ~np.uint64(known)) != 0
+            elif f.kind == ENUM:
+                ok = list(f.names) + list(f.invalid or ())
+                bad |= ~np.isin(col, np.array(ok, np.uint64))
+    for rule in v.rules:
+        if isinstance(rule, ContextIs):
+            continue  # settled per group (see _plan)
+        test = VECTOR_RULES.get(type(rule))
+        if test is None or rule.field not in names or (isinstance(rule, Order) and rule.high not in names):
+            bad[:] = True  # a rule this module does not know, or on a field of the value: dissect
+        else:
+            bad |= test(rule, ext)
+    return bad
+
+
+def _flag_column(ext: np.ndarray, name: str) -> np.ndarray:
+    return ext[name].astype(np.uint64)
+
+
+def _has(col: np.ndarray, bits: int) -> np.ndarray:
+    return (col & np.uint64(bits)) != 0
+
+
+#: the vectorised twin of each rule's ``violated``: rule, extras columns -> rows that break it
+VECTOR_RULES: dict[type[Rule], Callable[[Any, np.ndarray], np.ndarray]] = {
+    Zero: lambda r, ext: ext[r.field] != 0,
+    NonZero: lambda r, ext: ext[r.field] == 0,
+    Order: lambda r, ext: ext[r.field] > ext[r.high],
+    Exclusive: lambda r, ext: _has(_flag_column(ext, r.field), r.bit) & _has(_flag_column(ext, r.field), r.other),
+    Requires: lambda r, ext: _has(_flag_column(ext, r.field), r.bit) & ~_has(_flag_column(ext, r.field), r.needs),
+    OnlyWith: lambda r, ext: _has(_flag_column(ext, r.field), r.bit) & ((_flag_column(ext, r.field) & ~np.uint64(r.allowed)) != 0),
+}
+
+
+def _json_suspects(values: list[memoryview]) -> np.ndarray:
+    """Which JSON documents need ``json.loads`` (may be invalid, or Arrow could disagree)."""
+    n = len(values)
+    bad = np.zeros(n, bool)
+    if not n:
+        return bad
+    lens = np.fromiter(map(len, values), np.int64, n)
+    joined = b"\n".join(values)
+    arr = np.frombuffer(joined, np.uint8)
+    starts = np.concatenate(([0], np.cumsum(lens + 1)[:-1]))
+    bad |= arr[starts] != ord("{")
+    ctrl = np.flatnonzero((arr < 0x20) & (arr != 0x0A))
+    if len(ctrl):
+        bad[np.searchsorted(starts, ctrl, side="right") - 1] = True
+    for i in np.flatnonzero(lens > _MAX_BRACKETS):
+        v = bytes(values[i])
+        if v.count(b"[") + v.count(b"{") > _MAX_BRACKETS:
+            bad[i] = True
+    try:
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
+        for j in range(n):
+            try:
+                bytes(values[j]).decode("utf-8")
+            except UnicodeDecodeError:
+                bad[j] = True
+    good = np.flatnonzero(~bad)
+    if not len(good):
+        return bad
+    if len(good) < n:
+        joined = b"\n".join(values[i] for i in good)
+    try:
+        parsed = pajson.read_json(
+            io.BytesIO(joined),
+            parse_options=_JSON_PARSE,
+            read_options=pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(joined) + 1)),
+        )
+        ok = parsed.num_rows == len(good)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = False
+    if not ok:  # some document is not valid: find which, the slow way
+        import json
+
+        for i in good:
+            try:
+                json.loads(bytes(values[i]))
+            except (ValueError, RecursionError):
+                bad[i] = True
+    return bad
+
+
+def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length slices of ``buf`` as (int32 offsets, bytes) for an Arrow binary array."""
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    total = int(offsets[-1])
+    if total:
+        idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total)
+        data = buf[idx]
+    else:
+        data = np.zeros(0, np.uint8)
+    return offsets.astype(np.int32), data
+
+
+@dataclass
+class _Arrays:
+    """The frames of one chunk as arrays: which rows are mcbp frames, their bytes and header fields."""
+
+    fast: np.ndarray  # per row: an mcbp frame (the rest are dissected one by one)
+    fidx: np.ndarray  # the rows of the mcbp frames
+    fevents: list[Any]
+    joined: bytes
+    buf: np.ndarray
+    starts: np.ndarray
+    lens: np.ndarray
+    h: np.ndarray  # the headers (the _HEADER dtype)
+    vbs: np.ndarray
+    bodylen: np.ndarray
+    opaque: np.ndarray
+    cas: np.ndarray
+    keylen: np.ndarray
+    response: np.ndarray
+
+
+@dataclass
+class _Groups:
+    """What the groups' plans found: names per group, the rows to dissect, keys, collection ids, DCP columns."""
+
+    names: list[str]
+    roles: list[str]
+    status_names: list[str | None]
+    ginv: np.ndarray  # row -> group
+    slow: np.ndarray  # rows not proven clean
+    key_start: np.ndarray
+    key_len: np.ndarray
+    cid: np.ndarray
+    has_cid: np.ndarray
+    extras_cols: dict[str, tuple[np.ndarray, np.ndarray]]  # column -> (values, set?)
+
+
+def chunk_batch(chunk: RecordChunk) -> pa.RecordBatch:
+    """One :class:`RecordChunk` as an Arrow record batch of the frames table."""
+    a = _header_arrays(chunk)
+    g = _group_plans(chunk, a)
+    # the rows dissected one by one: garbage, gaps, truncated, and every frame not proven clean
+    sidx = np.sort(np.concatenate((np.flatnonzero(~a.fast), a.fidx[g.slow])))
+    slow_cols = FrameColumns()
+    if len(sidx):
+        want = set(sidx.tolist())
+        for rec in chunk.records():
+            if rec.number - chunk.first_number in want:
+                slow_cols.add(rec)
+    cols = _frame_columns(a, g, sidx, slow_cols)
+    cols.update(_record_columns(chunk))
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def _header_arrays(chunk: RecordChunk) -> _Arrays:
+    """The 24-byte headers of every mcbp frame of the chunk, read at once."""
+    n = len(chunk)
+    events = chunk.events
+    if set(map(type, events)) == {Frame} and set(map(_DIALECT, events)) == {"mcbp"}:  # the common case, at C speed
+        fast = np.ones(n, bool)
+        fidx = np.arange(n)
+        fevents = events
+    else:
+        fast = np.fromiter((e.__class__ is Frame and e[2] == "mcbp" for e in events), bool, n)
+        fidx = np.flatnonzero(fast)
+        fevents = [events[i] for i in fidx]
+    raws: list[bytes] = list(map(_RAW, fevents))
+    m = len(raws)
+    lens = np.fromiter(map(len, raws), np.int64, m)
+    starts = np.zeros(m, np.int64)
+    if m:
+        np.cumsum(lens[:-1], out=starts[1:])
+    joined = b"".join(raws)
+    buf = np.frombuffer(joined, np.uint8)
+    h = buf[starts[:, None] + _ROW].view(_HEADER).reshape(-1) if m else np.zeros(0, _HEADER)
+    vbs, bodylen, opaque, cas = (h[f].astype(h[f].dtype.newbyteorder("=")) for f in ("vbs", "bodylen", "opaque", "cas"))
+    keylen = h["keylen"].astype(np.int64)
+    response = np.isin(h["magic"], _RESPONSE_MAGICS)
+    return _Arrays(fast, fidx, fevents, joined, buf, starts, lens, h, vbs, bodylen, opaque, cas, keylen, response)
+
+
+def _group_plans(chunk: RecordChunk, a: _Arrays) -> _Groups:
+    """Group the frames by (context, magic, opcode, extras length, status of a response); read each group by its plan."""
+    m = len(a.fevents)
+    h = a.h
+    magic, opcode, extlen, datatype = h["magic"], h["opcode"], h["extlen"], h["datatype"]
+    ctx_of: dict[int, DissectContext] = {}
+    contexts = chunk.context if m == len(chunk) else [chunk.context[i] for i in a.fidx]
+    ctx_ids = np.fromiter(map(id, contexts), np.int64, m)
+    for i in np.unique(ctx_ids, return_index=True)[1] if m else ():
+        ctx_of[id(contexts[i])] = contexts[i]
+    ctx_codes, ctx_inv = np.unique(ctx_ids, return_inverse=True)
+    gkey = (
+        (ctx_inv.astype(np.int64) << 40)
+        | (magic.astype(np.int64) << 32)
+        | (opcode.astype(np.int64) << 24)
+        | (extlen.astype(np.int64) << 16)
+        | np.where(a.response, a.vbs, 0).astype(np.int64)
+    )
+    gkeys, gfirst, ginv = np.unique(gkey, return_index=True, return_inverse=True)
+    slow = (datatype & ~np.uint8(spec.DATATYPE_MASK)) != 0
+    key_start = a.starts + 24 + extlen
+    g = _Groups([], [], [], ginv, slow, key_start, a.keylen.copy(), np.zeros(m, np.uint32), np.zeros(m, bool), {})
+    v0 = key_start + a.keylen
+    ends = a.starts + a.lens
+    json_rows: list[int] = []
+    for i, first in enumerate(gfirst):
+        k = int(gkeys[i])
+        plan_key = (k >> 32 & 0xFF, k >> 24 & 0xFF, k >> 16 & 0xFF, k & 0xFFFF, ctx_of[int(ctx_codes[ctx_inv[first]])])
+        plan = _PLANS.get(plan_key, ...)
+        if plan is ...:
+            if len(_PLANS) > 4096:  # hostile captures: many odd groups
+                _PLANS.clear()
+            plan = _PLANS[plan_key] = _plan(*plan_key, a.fevents[first])
+        g.names.append(plan.name if plan else "")
+        g.roles.append(plan.role if plan else "")
+        g.status_names.append(plan.status_name if plan else None)
+        rows = np.flatnonzero(ginv == i)
+        if plan is None:
+            slow[rows] = True
+        else:
+            json_rows += _read_group(plan, int(k >> 24 & 0xFF), rows, a, g, ends - v0)
+    if json_rows:
+        jr = np.array(json_rows, np.int64)
+        mv = memoryview(a.joined)
+        values = [mv[x:y] for x, y in zip(v0[jr].tolist(), ends[jr].tolist(), strict=True)]
+        slow[jr[_json_suspects(values)]] = True
+    return g
+
+
+def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Groups, vlen: np.ndarray) -> list[int]:
+    """Read one group's rows by its plan: mark those that may break a rule slow; the JSON documents to validate."""
+    buf = a.buf
+    datatype = a.h["datatype"]
+    ext = None
+    if plan.dtype is not None:
+        el = plan.dtype.itemsize
+        ext = buf[(a.starts[rows] + 24)[:, None] + np.arange(el)].view(plan.dtype).reshape(-1)
+        ext = ext.astype(plan.dtype.newbyteorder("="))
+    bad = _suspect_extras(plan, ext, a.cas[rows], datatype[rows])
+    kl = a.keylen[rows]
+    vl = vlen[rows]
+    if plan.key_kind == "must":
+        bad |= kl == 0
+    elif plan.key_kind == "none":
+        bad |= kl != 0
+    if plan.split_cid:
+        first_byte = buf[np.minimum(g.key_start[rows], len(buf) - 1)]
+        bad |= (kl > 0) & (((first_byte & 0x80) != 0) | (kl == 1))  # a one-byte LEB128 id (no continuation bit) and a key after it
+        withkey = kl > 0
+        g.cid[rows] = np.where(withkey, first_byte, 0)
+        g.has_cid[rows] = withkey
+        g.key_start[rows] += withkey
+        g.key_len[rows] -= withkey
+    json_rows: list[int] = []
+    if plan.value_kind == "empty":
+        bad |= vl != 0
+    elif plan.value_kind in ("doc", "doc!"):
+        dt = datatype[rows]
+        if plan.value_kind == "doc!":
+            bad |= vl == 0
+        bad |= (vl > 0) & ((dt & _PACKED) != 0)
+        json_rows = rows[(vl > 0) & ((dt & _JSON) != 0) & ~bad].tolist()
+    g.slow[rows[bad]] = True
+    if ext is not None:
+        m = len(a.fevents)
+        for col, values in dcp_values(opcode, plan.role == "response", {nm: ext[nm] for nm in ext.dtype.names or ()}, {}).items():
+            if col not in g.extras_cols:
+                g.extras_cols[col] = (np.zeros(m, np.dtype(_NUMPY[_COLTYPE[col]])), np.zeros(m, bool))
+            arr, isset = g.extras_cols[col]
+            arr[rows] = values
+            isset[rows] = True
+    return json_rows
+
+
+def _frame_columns(a: _Arrays, g: _Groups, sidx: np.ndarray, slow_cols: FrameColumns) -> dict[str, pa.Array]:
+    """The columns a frame fills: the clean rows from the arrays, the others from ``slow_cols``, in row order."""
+    h = a.h
+    ok = ~g.slow
+    fi = a.fidx[ok]
+    n = len(a.fast)
+    order = np.concatenate((fi, sidx))
+    take = np.empty(n, np.int64)
+    take[order] = np.arange(n)
+    take_arr = pa.array(take) if len(sidx) else None
+    gi = pa.array(g.ginv[ok])
+    resp_ok = a.response[ok]
+    fast_cols: dict[str, Any] = {
+        "type": pa.repeat(pa.scalar("frame"), len(fi)),
+        "offset": np.fromiter(map(_OFFSET, a.fevents), np.int64, len(a.fevents))[ok],
+        "length": a.lens[ok],
+        "magic": h["magic"][ok],
+        "opcode": h["opcode"][ok],
+        "name": pa.array(g.names, pa.string()).take(gi),
+        "role": pa.array(g.roles, pa.string()).take(gi),
+        "vbucket": pa.array(a.vbs[ok], mask=resp_ok),
+        "status": pa.array(a.vbs[ok], mask=~resp_ok),
+        "status_name": pa.array(g.status_names, pa.string()).take(gi),
+        "opaque": a.opaque[ok],
+        "cas": a.cas[ok],
+        "datatype": h["datatype"][ok],
+        "cid": pa.array(g.cid[ok], mask=~g.has_cid[ok]),
+        "body_length": a.bodylen[ok],
+        "value_length": (a.bodylen.astype(np.int64) - h["extlen"] - a.keylen)[ok],
+        "key": _keys(a.buf, g.key_start[ok], g.key_len[ok]),
+    }
+    for col, (arr, isset) in g.extras_cols.items():
+        fast_cols[col] = pa.array(arr[ok], mask=~isset[ok])
+    fast_cols["problems"] = pa.ListArray.from_arrays(pa.array(np.zeros(len(fi) + 1, np.int32)), pa.array([], pa.string()))
+    cols: dict[str, pa.Array] = {}
+    for f in SCHEMA:
+        name = f.name
+        if name in FRAME_VALUE_COLUMNS or name in ("type", "offset", "length"):
+            fa = fast_cols.get(name)
+            fa = pa.nulls(len(fi), f.type) if fa is None else pa.array(fa, f.type) if not isinstance(fa, pa.Array) else fa.cast(f.type)
+            if take_arr is None:
+                cols[name] = fa
+            else:
+                cols[name] = pa.concat_arrays([fa, pa.array(slow_cols.cols[name], f.type)]).take(take_arr)
+    return cols
+
+
+def _keys(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
+    """The keys as a string column (null when empty; escaped as dissect does when not UTF-8)."""
+    koffs, kdata = _gather(buf, starts, lens)
+    valid = pa.py_buffer(np.packbits(lens > 0, bitorder="little").tobytes())
+    keys = pa.Array.from_buffers(pa.binary(), len(lens), [valid, pa.py_buffer(koffs), pa.py_buffer(kdata.tobytes())])
+    try:
+        return keys.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([None if k is None else k.decode("utf-8", "backslashreplace") for k in keys.to_pylist()], pa.string())
+
+
+def _record_columns(chunk: RecordChunk) -> dict[str, pa.Array]:
+    """The columns every row takes from its record: file, numbering, connection, direction, times, packets."""
+    n = len(chunk)
+    cols: dict[str, pa.Array] = {}
+    counts = np.array(chunk.counts, np.int64)
+    cols["file"] = _repeat_strings(chunk.file, counts)
+    cols["frame"] = pa.array(np.arange(chunk.first_number, chunk.first_number + n, dtype=np.int64))
+    conn = np.repeat(np.array(chunk.conn, np.int32), counts)
+    cols["conn_id"] = pa.array(conn)
+    label_ids = np.array(sorted(chunk.labels), np.int32)
+    cols["conn"] = pa.array([chunk.labels[c] for c in label_ids.tolist()], pa.string()).take(pa.array(np.searchsorted(label_ids, conn)))
+    cols["dir"] = _repeat_strings(chunk.direction, counts)
+    ts = np.repeat(_times(chunk.ts), counts)
+    packet = np.repeat(np.array(chunk.packet, np.int64), counts)
+    ts_first, packet_first = ts.copy(), packet.copy()
+    if chunk.heads:
+        at = np.fromiter(chunk.heads, np.int64, len(chunk.heads))
+        hv = list(chunk.heads.values())
+        ts_first[at], ts[at] = _times([h[0] for h in hv]), _times([h[1] for h in hv])
+        packet_first[at], packet[at] = (np.array([h[i] for h in hv], np.int64) for i in (2, 3))
+    tstype = SCHEMA.field("ts").type
+    cols["ts"] = _ts_array(ts, tstype)
+    cols["ts_first"] = _ts_array(ts_first, tstype)
+    cols["packet"] = pa.array(packet)
+    cols["packet_first"] = pa.array(packet_first)
+    return cols
+
+
+def _times(values: list[int]) -> np.ndarray:
+    """Packet times (ns) as int64; one no ``timestamp[ns]`` can hold becomes :data:`~dcpinspect.flows.reassembly.TS_UNKNOWN`."""
+    try:
+        return np.array(values, np.int64)
+    except (OverflowError, TypeError):  # not from a capture file (its reader has already done this)
+        return np.array([t if isinstance(t, int) and TS_UNKNOWN < t <= TS_MAX else TS_UNKNOWN for t in values], np.int64)
+
+
+def _ts_array(ts: np.ndarray, tstype: pa.DataType) -> pa.Array:
+    """int64 ns as the timestamp column: :data:`~dcpinspect.flows.reassembly.TS_UNKNOWN` is null."""
+    unknown = ts == TS_UNKNOWN
+    return pa.array(ts, mask=unknown if unknown.any() else None).cast(tstype)
+
+
+def _repeat_strings(values: list[str], counts: np.ndarray) -> pa.Array:
+    """``values[i]`` repeated ``counts[i]`` times, as an Arrow string array."""
+    uniq = sorted(set(values))
+    codes = np.searchsorted(np.array(uniq, object), np.array(values, object)) if len(uniq) > 1 else np.zeros(len(values), np.int64)
+    return pa.array(uniq, pa.string()).take(pa.array(np.repeat(codes, counts)))
+
+
+_RAW: Callable[[Any], bytes] = itemgetter(1)
+_OFFSET: Callable[[Any], int] = itemgetter(0)
+_DIALECT: Callable[[Any], str] = itemgetter(2)
+_COLTYPE = {name: typ for name, typ, _ in FRAME_COLUMNS}
+assert set(DCP_COLUMNS) <= set(_COLTYPE)
+
+
+def record_batches(chunks: Iterable[RecordChunk]) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the frames table, one per chunk.
+
+    Python's cyclic garbage collector is paused while they are built: the
+    decoder allocates one small object per frame and none of them form
+    cycles, while each full collection would walk every frame still held.
+    """
+
+    def made() -> Iterator[pa.RecordBatch]:
+        for chunk in chunks:
+            batch = chunk_batch(chunk)
+            del chunk  # not held while the caller uses the batch
+            yield batch
+
+    return gc_paused(made())
+
+
+def read_batches(
+    paths: Iterable[str],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The frames table of capture files as Arrow record batches of about ``rows`` rows."""
+    chunks = read_chunks(
+        paths, rows=rows, server_ports=server_ports, detect=detect, stats=stats, reveal_secrets=reveal_secrets, progress=progress
+    )
+    yield from record_batches(chunks)

@@ -1,0 +1,333 @@
+"""Timelines as pandas DataFrames, and as text (an edge: imports pandas).
+
+:func:`timeline_frames` turns a :class:`~dcpinspect.timeline.model.Timeline` into
+one DataFrame per kind of thing - connections, streams, attempts, snapshots,
+items, failover entries (with branch ids), rollbacks (with explanations),
+flow-control samples, stalls, noops, anomalies - each carrying the frame numbers that
+link back to the frames table and its annotations.  :func:`story` is the
+readable per-stream text of ``dcpinspect timeline``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..protocol import spec
+from ..timeline import MAX_SEQNO, Stream, Timeline
+
+__all__ = ["story", "timeline_frames"]
+
+_U64 = pd.UInt64Dtype()
+
+
+def _df(rows: list[dict[str, Any]], columns: list[str], uint64: tuple[str, ...] = ()) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=columns)
+    for col in uint64:
+        if col not in df.columns:
+            continue
+        df[col] = pd.array([None if v is None or v != v else int(v) for v in df[col]], dtype=_U64)  # noqa: PLR0124 - NaN check
+    return df
+
+
+def _nullable(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """``col`` as nullable int64: a duration is unknown (null) where a packet's time was out of range."""
+    df[col] = df[col].astype("Int64")
+    return df
+
+
+def _ts(values: list[int]) -> pd.DatetimeIndex:
+    return pd.to_datetime(np.array(values, np.int64), unit="ns", utc=True)
+
+
+def _items(streams: list[tuple[int, Stream]]) -> pd.DataFrame:
+    """One row per item, built column by column (millions of rows)."""
+    if not streams:
+        return _df([], ["stream", "seqno"], ("seqno",))
+    cols: dict[str, list[Any]] = {k: [] for k in ("stream", "conn", "vbucket", "frame", "ts", "name", "seqno", "snapshot")}
+    names: dict[int, str] = {}
+    for i, s in streams:
+        n = len(s.items)
+        frame, ts, opcode, seqno, snapshot = zip(*s.items, strict=True)
+        for op in set(opcode) - names.keys():
+            cmd = spec.COMMANDS.get(op)
+            names[op] = cmd.name if cmd else hex(op)
+        cols["stream"] += [i] * n
+        cols["conn"] += [s.conn] * n
+        cols["vbucket"] += [s.vbucket] * n
+        cols["frame"] += frame
+        cols["ts"] += ts
+        cols["name"] += map(names.__getitem__, opcode)
+        cols["seqno"] += seqno
+        cols["snapshot"] += snapshot
+    return pd.DataFrame({**cols, "ts": _ts(cols["ts"]), "seqno": pd.array(cols["seqno"], dtype=_U64)})
+
+
+def _flow(t: Timeline) -> pd.DataFrame:
+    if not t.flow:
+        return _df([], ["conn", "frame", "outstanding"])
+    conn, frame, ts, outstanding, event, size = zip(*t.flow, strict=True)
+    return pd.DataFrame({"conn": conn, "frame": frame, "ts": _ts(list(ts)), "outstanding": outstanding, "event": event, "size": size})
+
+
+def timeline_frames(t: Timeline, *, items: bool = True) -> dict[str, pd.DataFrame]:
+    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``); ``items=False`` leaves out items and flow."""
+    tables = {
+        "connections": _connections(t),
+        "streams": _streams(t),
+        "attempts": _attempts(t),
+        "snapshots": _snapshots(t),
+        "items": _items([(i, s) for i, s in enumerate(t.streams) if s.items]) if items else None,
+        "failover": _failover(t),
+        "rollbacks": _rollbacks(t),
+        "flow": _flow(t) if items else None,
+        "noops": _nullable(_df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]), "rtt_ns"),
+        "stalls": _nullable(_df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]), "duration_ns"),
+        "anomalies": _anomalies(t),
+    }
+    return {k: v for k, v in tables.items() if v is not None}
+
+
+def _connections(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "conn": c.conn,
+            "label": c.label,
+            "name": c.name,
+            "side": c.side,
+            "open_flags": c.open_flags,
+            "features": ", ".join(c.features),
+            "controls": "; ".join(f"{k}={v} ({st})" for k, (v, st) in c.controls.items()),
+            "buffer_size": c.buffer_size,
+            "noop_interval": c.noop_interval,
+            "sasl_mechanism": c.sasl_mechanism,
+            "sasl_user": c.sasl_user,
+            "bucket": c.bucket,
+            "bytes_lost": c.lost,
+        }
+        for c in t.connections.values()
+    ]
+    return _df(rows, list(rows[0]) if rows else ["conn"])
+
+
+def _streams(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "stream": i,
+            "conn": s.conn,
+            "vbucket": s.vbucket,
+            "stream_id": s.stream_id,
+            "segment": s.segment,
+            "attempts": len(s.attempts),
+            "snapshots": len(s.snapshots),
+            "items": len(s.items),
+            "last_seqno": s.last_seqno,
+            "end_status": None if s.end is None else s.end["name"],
+            "end_frame": None if s.end is None else s.end["frame"],
+            "anomalies": len(s.anomalies),
+        }
+        for i, s in enumerate(t.streams)
+    ]
+    return _df(rows, list(rows[0]) if rows else ["stream"], ("last_seqno",))
+
+
+_ATTEMPT_SEQNOS = ("start", "end", "uuid", "snap_start", "snap_end", "rollback_seqno", "predicted_rollback")
+
+
+def _attempts(t: Timeline) -> pd.DataFrame:
+    rows = []
+    for i, s in enumerate(t.streams):
+        for a in s.attempts:
+            row = {"stream": i, "conn": s.conn, "vbucket": s.vbucket, "stream_id": s.stream_id, **a.as_dict()}
+            row["failover_log"] = [tuple(e) for e in row["failover_log"]]
+            row["response_frame"] = a.response_frame
+            row["status_name"] = a.status_name
+            row["predicted_rollback"] = a.predicted
+            rows.append(row)
+    return _df(rows, list(rows[0]) if rows else ["stream", *_ATTEMPT_SEQNOS], _ATTEMPT_SEQNOS if rows else ())
+
+
+def _rollbacks(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "stream": i,
+            "conn": s.conn,
+            "vbucket": s.vbucket,
+            "frame": a.frame,
+            "response_frame": a.response_frame,
+            "uuid": a.uuid,
+            "start": a.start,
+            "snap_start": a.snap_start,
+            "snap_end": a.snap_end,
+            "rollback_seqno": a.rollback_seqno,
+            "predicted": a.predicted,
+            "explanation": a.explanation,
+        }
+        for i, s in enumerate(t.streams)
+        for a in s.attempts
+        if a.outcome == "rollback"
+    ]
+    seqnos = ("uuid", "start", "snap_start", "snap_end", "rollback_seqno", "predicted")
+    return _df(rows, list(rows[0]) if rows else ["stream"], seqnos if rows else ())
+
+
+def _snapshots(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "stream": i,
+            "snapshot": k,
+            "conn": s.conn,
+            "vbucket": s.vbucket,
+            "frame": sn.frame,
+            "start": sn.start,
+            "end": sn.end,
+            "flags": sn.flags,
+            "type": _snap_type(sn.flags),
+            "version": sn.version,
+            "max_visible": sn.max_visible,
+            "high_completed": sn.high_completed,
+            "purge_seqno": sn.purge_seqno,
+            "high_prepared": sn.high_prepared,
+            "items": sn.items,
+            "first_seqno": sn.first_seqno,
+            "last_seqno": sn.last_seqno,
+            "complete": sn.complete,
+        }
+        for i, s in enumerate(t.streams)
+        for k, sn in enumerate(s.snapshots)
+    ]
+    seqnos = ("start", "end", "max_visible", "high_completed", "purge_seqno", "high_prepared", "first_seqno", "last_seqno")
+    return _df(rows, list(rows[0]) if rows else ["stream"], seqnos if rows else ())
+
+
+def _failover(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "vbucket": vb,
+            "branch": b.order,
+            "uuid": b.uuid,
+            "seqno": b.seqno,
+            "first_frame": b.first_frame,
+            "cut_frame": b.cut_frame,
+            "cut_by": b.cut_by,
+        }
+        for vb, branches in t.branches.items()
+        for b in branches
+    ]
+    return _df(rows, list(rows[0]) if rows else ["vbucket", "uuid", "seqno"], ("uuid", "seqno", "cut_by"))
+
+
+def _anomalies(t: Timeline) -> pd.DataFrame:
+    rows = [
+        {
+            "kind": str(a.kind),
+            "conn": a.conn,
+            "vbucket": a.vbucket,
+            "stream_id": a.stream_id,
+            "frames": a.frames,
+            "first_frame": a.frames[0] if a.frames else None,
+            "count": a.count,
+            "uncertain": a.uncertain,
+            "message": a.message,
+        }
+        for a in t.anomalies
+    ]
+    return _df(rows, list(rows[0]) if rows else ["kind", "frames", "message"])
+
+
+def _snap_type(flags: int) -> str:
+    names = [name for bit, name in spec.SNAPSHOT_FLAGS.items() if flags & bit]
+    return "|".join(names) if names else "none"
+
+
+def _seq(v: int | None) -> str:
+    return "-" if v is None else ("max" if v == MAX_SEQNO else str(v))
+
+
+def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -> str:
+    """The timeline as text: per connection what was negotiated, per stream what happened."""
+    out: list[str] = []
+    for c in t.connections.values():
+        if conn is not None and c.conn != conn:
+            continue
+        bits = [f"conn {c.conn} {c.label}"]
+        if c.name:
+            bits.append(f"DCP_OPEN {c.name!r} ({c.side}, flags 0x{c.open_flags or 0:x})")
+        if c.features:
+            bits.append("HELLO " + ", ".join(c.features))
+        if c.buffer_size is not None:
+            bits.append(f"buffer {c.buffer_size}")
+        if c.noop_interval is not None:
+            bits.append(f"noop every {c.noop_interval:g}s")
+        if c.sasl_user:
+            bits.append(f"SASL {c.sasl_mechanism} as {c.sasl_user}")
+        if c.lost:
+            bits.append(f"{c.lost} bytes lost to capture gaps")
+        out.append(" | ".join(bits))
+    for s in t.streams:
+        if (vbucket is not None and s.vbucket != vbucket) or (conn is not None and s.conn != conn):
+            continue
+        out.append("")
+        out.append(_stream_story(s))
+    for vb, branches in sorted(t.branches.items()):
+        if vbucket is not None and vb != vbucket:
+            continue
+        out.append("")
+        out.append(f"vbucket {vb} failover branches (oldest first):")
+        for b in sorted(branches, key=lambda b: (b.seqno, b.order)):
+            cut = f"  cut at frame {b.cut_frame}" + (f" by 0x{b.cut_by:x}" if b.cut_by is not None else "") if b.cut_frame else ""
+            out.append(f"  uuid 0x{b.uuid:016x} from seqno {b.seqno} (first seen frame {b.first_frame}){cut}")
+    loose = [a for a in t.anomalies if a.vbucket is None and (conn is None or a.conn == conn)]
+    if loose and vbucket is None:
+        out.append("")
+        out.append("connection anomalies:")
+        out.extend(
+            f"  [{a.kind}] {a.message} (frames {_frames(a.frames)}){' (uncertain: bytes lost)' if a.uncertain else ''}" for a in loose
+        )
+    return "\n".join(out).strip() + "\n"
+
+
+def _frames(frames: list[int]) -> str:
+    return ", ".join(map(str, frames[:8])) + (", ..." if len(frames) > 8 else "")
+
+
+def _stream_story(s: Stream) -> str:
+    head = (
+        f"stream conn {s.conn} vbucket {s.vbucket}"
+        + (f" sid {s.stream_id}" if s.stream_id is not None else "")
+        + (f" (segment {s.segment})" if s.segment else "")
+    )
+    lines = [head]
+    for a in s.attempts:
+        req = f"  frame {a.frame}: STREAM_REQ start {_seq(a.start)} end {_seq(a.end)} uuid 0x{a.uuid:x} snapshot {_seq(a.snap_start)}-{_seq(a.snap_end)}"
+        if a.outcome == "success":
+            log = ", ".join(f"0x{u:x}@{q}" for u, q in a.failover_log)
+            req += f" -> success (frame {a.response_frame}), failover log [{log}]"
+        elif a.outcome == "rollback":
+            req += f" -> ROLLBACK to {_seq(a.rollback_seqno)} (frame {a.response_frame})"
+            if a.explanation:
+                req += f"\n      why: {a.explanation}"
+        elif a.outcome == "error":
+            req += f" -> {a.status_name} (frame {a.response_frame})"
+        else:
+            req += " -> no response seen"
+        lines.append(req)
+    if not s.attempts:
+        lines.append("  (stream request not captured)")
+    for sn in s.snapshots[:50]:
+        lines.append(
+            f"  frame {sn.frame}: snapshot {sn.start}-{sn.end} {_snap_type(sn.flags)} {sn.version}: {sn.items} items"
+            + (f" {sn.first_seqno}..{sn.last_seqno}" if sn.items else "")
+            + ("" if sn.complete else " (incomplete)")
+        )
+    if len(s.snapshots) > 50:
+        lines.append(f"  ... {len(s.snapshots) - 50} more snapshots")
+    lines.append(f"  {len(s.items)} items, last seqno {_seq(s.last_seqno)}")
+    if s.end is not None:
+        lines.append(f"  frame {s.end['frame']}: STREAM_END {s.end['name']} ({s.end['status']})")
+    for an in s.anomalies:
+        rep = f" x{an.count}" if an.count > 1 else ""
+        lines.append(f"  ! [{an.kind}{rep}] {an.message} (frames {_frames(an.frames)}){' (uncertain: bytes lost)' if an.uncertain else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,336 @@
+"""What stream requests, their answers and the producer's stream messages do to stream segments.
+
+:class:`StreamHandlers` adds to :class:`~dcpinspect.timeline.core.BuilderCore`
+the handlers of DCP_STREAM_REQ and DCP_CLOSE_STREAM (requests and answers)
+and of every stream message.  A stream message is the hot path: its stream is
+found by opaque or by (vbucket, stream id), flow control is charged by the
+rule, the segment's state goes through the transition table only when it is
+not one that simply takes data, and an item's seqno is read with the table's
+own extras struct (``_ITEM_LAYOUTS``) rather than by a full dissection.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from ..flows.records import Record
+from ..protocol import spec
+from ..protocol.enums import Magic, MarkerVersion, Opcode, OsoFlag, Status, StreamEndStatus
+from ..protocol.rules import MAX_SEQNO, flow_control_size
+from ..protocol.session import ITEMS, SEQNO_FIELD, STREAM_MESSAGES, SYNC_WRITES
+from .core import ALT_REQUEST, MAX_STREAM_REQUESTS, OTHER, BuilderCore, Conn, Header, name_of, requested_frames
+from .model import Anomaly, Attempt, FlowSample, Item, Snapshot, Stream, StreamState
+from .model import AnomalyKind as K
+from .rollback import failover_log, rollback_loop
+from .transitions import TRANSITIONS, Input
+
+__all__ = ["STREAM", "StreamHandlers"]
+
+_STREAM_REQ, _STREAM_END, _SEQNO_ADVANCED = int(Opcode.DCP_STREAM_REQ), int(Opcode.DCP_STREAM_END), int(Opcode.DCP_SEQNO_ADVANCED)
+_SUCCESS, _ROLLBACK = int(Status.SUCCESS), int(Status.ROLLBACK)
+_END_OK = int(StreamEndStatus.OK)
+_OSO_START, _OSO_END = int(OsoFlag.START), int(OsoFlag.END)
+_HEADER_SIZE = spec.HEADER_SIZE
+_MARKER_VERSIONS = {int(MarkerVersion.V2_0): "v2.0", int(MarkerVersion.V2_2): "v2.2"}
+_END_ON_CLOSE = "send_stream_end_on_client_close_stream"
+# enum members used per frame or per stream, bound once (an enum attribute lookup costs more than a global)
+_DATA, _END, _CLOSE_END, _REQUEST_IN, _CLOSE_IN = Input.DATA, Input.END, Input.CLOSE_END, Input.REQUEST, Input.CLOSE
+_SUCCEEDED, _ROLLED_BACK, _REFUSED, _CLOSE_ANSWERED = Input.SUCCESS, Input.ROLLBACK, Input.ERROR, Input.CLOSE_ANSWERED
+_FOLLOWED, _REQUESTED, _CLOSING, _CLOSED = StreamState.FOLLOWED, StreamState.REQUESTED, StreamState.CLOSING, StreamState.CLOSED
+#: what flow control charges a stream message beyond its length (the rule, flow_control_size, tabulated once per opcode)
+_FLOW_EXTRA = {op: flow_control_size(int(Magic.CLIENT_REQUEST), op, 0) for op in STREAM_MESSAGES}
+#: the states in which a stream message other than STREAM_END changes nothing (the fast path: no table lookup)
+_TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
+
+
+class StreamHandlers(BuilderCore):
+    """The handlers of stream requests, closes, their answers, and stream messages."""
+
+    def _stream_request(self, c: Conn, rec: Record, h: Header) -> None:
+        """DCP_STREAM_REQ: an attempt of its stream (a new segment unless the last one awaits a retry)."""
+        s = self._attempt(c, rec, h)
+        c.stream_pending[(rec.direction, h[7])] = (h[1], rec.number, s)
+        if len(c.stream_pending) > MAX_STREAM_REQUESTS:
+            del c.stream_pending[next(iter(c.stream_pending))]
+
+    def _attempt(self, c: Conn, rec: Record, h: Header) -> Stream | None:
+        d = self._dissect(rec)
+        ext = d.extras
+        if not isinstance(ext.get("start_seqno"), int):
+            return None
+        sid = rec.event.stream_id if h[0] == ALT_REQUEST else None  # type: ignore[union-attr]
+        doc = d.document if isinstance(d.document, dict) else None
+        if sid is None and doc is not None and isinstance(doc.get("sid"), int):
+            sid = doc["sid"]
+        vb, opaque = h[5], h[7]
+        attempt = Attempt(
+            rec.number,
+            rec.ts,
+            opaque,
+            ext.get("flags", 0),
+            ext["start_seqno"],
+            ext.get("end_seqno", MAX_SEQNO),
+            ext.get("vb_uuid", 0),
+            ext.get("snap_start_seqno", 0),
+            ext.get("snap_end_seqno", 0),
+            value=d.document,
+        )
+        s = c.by_key.get((vb, sid))
+        if s is None or self._move(c, s, _REQUEST_IN, rec, h[1]) is not _REQUESTED:
+            s = self._new_stream(c, vb, sid, _REQUESTED)
+        s.attempts.append(attempt)
+        s.opaque = opaque
+        return s
+
+    def _close_stream(self, c: Conn, rec: Record, h: Header) -> None:
+        """DCP_CLOSE_STREAM: noted on the open stream of its key (none: it closes nothing)."""
+        sid = rec.event.stream_id if h[0] == ALT_REQUEST else None  # type: ignore[union-attr]
+        s = c.by_key.get((h[5], sid))
+        if s is not None and self._move(c, s, _CLOSE_IN, rec, h[1]) in (_CLOSING, _CLOSED):
+            s.closed_frame = rec.number
+        else:
+            s = None
+        c.stream_pending[(rec.direction, h[7])] = (h[1], rec.number, s)
+        if len(c.stream_pending) > MAX_STREAM_REQUESTS:
+            del c.stream_pending[next(iter(c.stream_pending))]
+
+    def _stream_message(self, c: Conn, rec: Record, h: Header) -> None:
+        """A producer stream message: found its stream (or followed one), charged, checked against the stream's state."""
+        n = rec.number
+        op = h[1]
+        vb = h[5]
+        opaque = h[7]
+        info = c.info
+        info.producer_dir = rec.direction
+        if h[0] != ALT_REQUEST:
+            sid = None
+            if c.stream_ids:
+                self._anomaly(c, K.STREAM_ID_MISSING, [n], f"{name_of(op)} without a stream id on a connection with stream ids enabled")
+            s = c.by_opaque.get(opaque)
+            if s is None or s.vbucket != vb:
+                s = c.by_key.get((vb, None))
+        else:
+            sid = rec.event.stream_id  # type: ignore[union-attr]
+            if sid is not None and not c.stream_ids and info.name:
+                msg = f"{name_of(op)} carries stream id {sid} but enable_stream_id was not negotiated"
+                self._anomaly(c, K.STREAM_ID_NOT_ENABLED, [n], msg)
+            elif sid is None and c.stream_ids:
+                self._anomaly(c, K.STREAM_ID_MISSING, [n], f"{name_of(op)} without a stream id on a connection with stream ids enabled")
+            s = c.by_opaque.get(opaque) if sid is None else None
+            if s is None or s.vbucket != vb:
+                s = c.by_key.get((vb, sid))
+        buf = info.buffer_size
+        if buf:  # flow control: the message's size charged against the buffer, by the rule
+            size = len(rec.event[1]) + _FLOW_EXTRA[op]  # type: ignore[index]
+            if c.outstanding >= buf:
+                msg = f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}"
+                self._anomaly(c, K.FLOW_CONTROL_OVERRUN, [n], msg, s, uncertain=c.ack_ahead)
+            if c.ack_credit:
+                used = min(c.ack_credit, size)
+                c.ack_credit -= used
+                c.outstanding += size - used
+            else:
+                c.outstanding += size
+            self._flow.append(FlowSample(info.conn, n, rec.ts, c.outstanding, "sent", size))
+            if c.outstanding >= buf and c.stalled_at is None:
+                c.stalled_at = n
+                c.stall_ts = rec.ts
+        if s is None:
+            s = self._followed(c, rec, op, vb, sid, opaque)
+        if (s.state not in _TAKES_DATA or op == _STREAM_END) and self._step_message(c, rec, op, s) is None:
+            return
+        STREAM[op](self, c, rec, h, s)
+
+    def _step_message(self, c: Conn, rec: Record, op: int, s: Stream) -> StreamState | None:
+        """A stream end, or data a stream's state does not simply take: through the table (``None``: dropped)."""
+        inp = (_CLOSE_END if self._end_on_close(c) else _END) if op == _STREAM_END else _DATA
+        return self._move(c, s, inp, rec, op)
+
+    def _followed(self, c: Conn, rec: Record, op: int, vb: int, sid: int | None, opaque: int) -> Stream:
+        """Data for a stream whose request was not captured (or never sent): follow it anyway, say so once."""
+        s = self._new_stream(c, vb, sid, _FOLLOWED, opaque)
+        c.by_opaque[opaque] = s
+        started_unseen = not c.state.captured_start
+        a = Anomaly(
+            K.NO_STREAM_REQUEST,
+            [rec.number],
+            f"{name_of(op)} for vbucket {vb} (opaque 0x{opaque:08x}) before any stream request"
+            + (" (the connection's start was not captured)" if started_unseen else ""),
+            c.info.conn,
+            vb,
+            sid,
+            uncertain=c.lost or started_unseen,
+        )
+        self._anomalies.append(a)
+        s.anomalies.append(a)
+        return s
+
+    @staticmethod
+    def _end_on_close(c: Conn) -> bool:
+        """Whether the producer ends a stream closed by the client with STREAM_END(Closed)."""
+        value, status = c.info.controls.get(_END_ON_CLOSE, ("", ""))
+        return value == "true" and status == "Success"
+
+    def _end(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        status = self._dissect(rec).extras.get("status")
+        n = rec.number
+        s.end = {"status": status, "name": spec.STREAM_END_STATUS.get(status, "unknown") if isinstance(status, int) else None, "frame": n}
+        if s.snapshots and not s.snapshots[-1].complete and status == _END_OK:
+            snap = s.snapshots[-1]
+            msg = f"stream ended (OK) inside snapshot {snap.start}-{snap.end}"
+            self._anomaly(c, K.SNAPSHOT_NEVER_COMPLETED, [snap.frame, n], msg, s)
+        if c.by_opaque.get(h[7]) is s:
+            del c.by_opaque[h[7]]
+
+    def _oso(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        flags = self._dissect(rec).extras.get("flags", 0)
+        s.oso = bool(flags & _OSO_START) and not flags & _OSO_END
+        s.oso_ended = bool(flags & _OSO_END)
+
+    def _marker(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        d = self._dissect(rec)
+        v1 = "start_seqno" in d.extras
+        src = d.extras if v1 else d.body
+        start, end, flags = src.get("start_seqno"), src.get("end_seqno"), src.get("flags", 0)
+        if not isinstance(start, int) or not isinstance(end, int):
+            return
+        n = rec.number
+        prev = s.snapshots[-1] if s.snapshots else None
+        if prev is not None and not prev.complete and s.last_seqno is not None and s.last_seqno < prev.end:
+            msg = f"new marker before snapshot {prev.start}-{prev.end} reached its end (last seqno {s.last_seqno})"
+            self._anomaly(c, K.SNAPSHOT_NEVER_COMPLETED, [prev.frame, n], msg, s)
+        if prev is not None and end < prev.end:
+            msg = f"marker {start}-{end} ends before the previous one ({prev.start}-{prev.end})"
+            self._anomaly(c, K.MARKER_GOES_BACKWARDS, [prev.frame, n], msg, s)
+        elif prev is not None and s.last_seqno is not None and end <= s.last_seqno:
+            msg = f"marker {start}-{end} ends at or below seqno {s.last_seqno} already delivered"
+            self._anomaly(c, K.MARKER_OVERLAPS, [prev.frame, n], msg, s)
+        version = "v1" if v1 else _MARKER_VERSIONS.get(d.extras.get("version", -1), "v2")
+        snap = Snapshot(n, start, end, flags, version)
+        b = d.body
+        snap.max_visible = b.get("max_visible_seqno")
+        snap.high_completed = b.get("high_completed_seqno")
+        snap.purge_seqno = b.get("purge_seqno")
+        snap.high_prepared = b.get("high_prepared_seqno")
+        if isinstance(snap.purge_seqno, int):
+            self._history.purge[s.vbucket] = (n, snap.purge_seqno)
+        s.snapshots.append(snap)
+        s.oso = s.oso_ended = False
+
+    def _item(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        n, op = rec.number, h[1]
+        layout = _ITEM_LAYOUTS.get(op << 8 | h[3])
+        seqno: int | None
+        if layout is not None:  # the table's struct for this layout, read in place (the common case)
+            seqno = layout[0].unpack_from(rec.event[1], _HEADER_SIZE + (h[2] >> 8 if h[0] == ALT_REQUEST else 0))[layout[1]]  # type: ignore[index]
+        else:
+            value = self._dissect(rec).extras.get(SEQNO_FIELD.get(op, ""))
+            seqno = value if isinstance(value, int) else None
+        snaps = s.snapshots
+        idx = len(snaps) - 1
+        s.items.append(Item(n, rec.ts, op, seqno, idx))
+        if c.stream_ids and op in SYNC_WRITES:
+            self._anomaly(c, K.SYNC_WRITE_WITH_STREAM_IDS, [n], f"{name_of(op)} on a connection with stream ids enabled", s)
+        if seqno is None:
+            return
+        oso = s.oso
+        if idx >= 0:
+            snap = snaps[idx]
+            if not snap.start <= seqno <= snap.end and op != _SEQNO_ADVANCED and not oso:
+                msg = f"seqno {seqno} outside snapshot {snap.start}-{snap.end}"
+                self._anomaly(c, K.SEQNO_OUTSIDE_SNAPSHOT, [snap.frame, n], msg, s)
+            snap.items += 1
+            if snap.first_seqno is None:
+                snap.first_seqno = seqno
+            snap.last_seqno = seqno
+            snap.last_frame = n
+            if seqno >= snap.end:
+                snap.complete = True
+        elif s.attempts and not oso and not (op == _SEQNO_ADVANCED and s.oso_ended):
+            # mid-way streams may start anywhere; OSO items (and a SEQNO_ADVANCED after them) have no marker
+            self._anomaly(c, K.ITEM_BEFORE_MARKER, [n], f"{name_of(op)} seqno {seqno} before any snapshot marker", s)
+        last = s.last_seqno
+        if last is None or seqno > last:
+            s.last_seqno = seqno
+        elif not oso and op != _SEQNO_ADVANCED:
+            self._anomaly(c, K.SEQNO_NOT_INCREASING, [n], f"seqno {seqno} after {last}", s)
+        if s.end_seqno is not None and seqno > s.end_seqno and op != _SEQNO_ADVANCED:
+            msg = f"seqno {seqno} beyond the requested end {s.end_seqno}"
+            self._anomaly(c, K.BEYOND_END_SEQNO, [*requested_frames(s), n], msg, s)
+
+    def _nothing_more(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        """A stream message that changes nothing the timeline follows beyond its stream's state (set-vbucket-state, cache transfer)."""
+
+    def _stream_answer(self, c: Conn, rec: Record, h: Header) -> None:
+        """A STREAM_REQ or CLOSE_STREAM response: recorded on the stream its request was for (found without a scan)."""
+        op, opaque = h[1], h[7]
+        req = c.stream_pending.pop((OTHER[rec.direction], opaque), None)
+        if req is None or req[0] != op:
+            self._anomaly(c, K.RESPONSE_WITHOUT_REQUEST, [rec.number], f"{name_of(op)} response (opaque 0x{opaque:08x}) matches no request")
+            return
+        _, req_frame, s = req
+        if s is None or c.by_key.get((s.vbucket, s.stream_id)) is not s:
+            return  # no stream (a request without a start seqno, a close of no live stream), or a newer segment took over
+        if op == _STREAM_REQ:
+            if s.attempts and s.attempts[-1].frame == req_frame:  # else a later request of the stream superseded it
+                self._stream_outcome(c, rec, h, s)
+        elif s.closed_frame == req_frame and self._move(c, s, _CLOSE_ANSWERED, rec, op) is not None:
+            s.close_answered = rec.number
+
+    def _stream_outcome(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+        """The answer to the stream's last attempt."""
+        status = h[5]
+        inp = _SUCCEEDED if status == _SUCCESS else _ROLLED_BACK if status == _ROLLBACK else _REFUSED
+        if self._move(c, s, inp, rec, h[1]) is None:
+            return
+        a = s.attempts[-1]
+        a.response_frame = rec.number
+        a.status = status
+        a.status_name = spec.STATUS.get(status, f"unknown 0x{status:04x}")
+        if inp is _SUCCEEDED:
+            a.outcome = "success"
+            s.end_seqno = None if a.end == MAX_SEQNO else a.end
+            a.failover_log = failover_log(self._dissect(rec).body.get("failover_log"))
+            c.by_opaque[h[7]] = s
+            if a.failover_log:
+                self._history.observe_log(s.vbucket, rec.number, a.failover_log)
+        elif inp is _ROLLED_BACK:
+            a.outcome = "rollback"
+            rb = self._dissect(rec).body.get("rollback_seqno")
+            a.rollback_seqno = rb if isinstance(rb, int) else None
+            self._history.explain(s, a)
+            loop = rollback_loop(s.attempts)
+            if loop is not None:
+                self._anomaly(c, K.ROLLBACK_LOOP, *loop, s)
+        else:
+            a.outcome = "error"
+            a.explanation = f"refused: {a.status_name}"
+
+
+def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
+    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
+    out: dict[int, tuple[struct.Struct, int]] = {}
+    for op, name in SEQNO_FIELD.items():
+        for v in spec.COMMANDS[op].request:
+            if v.extras_struct is None or name not in v.extras_names:
+                continue
+            entry = (v.extras_struct, v.extras_names.index(name))
+            key = op << 8 | v.extras_len
+            if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
+                out[key] = (v.extras_struct, -1)
+            else:
+                out.setdefault(key, entry)
+    return {k: v for k, v in out.items() if v[1] >= 0}
+
+
+StreamHandler = Callable[[StreamHandlers, Conn, Record, Header, Stream], None]
+#: stream message opcode -> what it does to its stream once the stream's state allowed it
+STREAM: dict[int, StreamHandler] = {
+    **dict.fromkeys(STREAM_MESSAGES, StreamHandlers._nothing_more),
+    **dict.fromkeys(ITEMS, StreamHandlers._item),
+    int(Opcode.DCP_SNAPSHOT_MARKER): StreamHandlers._marker,
+    int(Opcode.DCP_STREAM_END): StreamHandlers._end,
+    int(Opcode.DCP_OSO_SNAPSHOT): StreamHandlers._oso,
+}
+_ITEM_LAYOUTS = _item_layouts()

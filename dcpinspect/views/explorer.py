@@ -1,0 +1,564 @@
+"""The explorer's model: plain Python state under the notebook widget (no widget toolkit here).
+
+:class:`ExplorerModel` holds a :class:`~dcpinspect.views.store.FrameStore`, its
+filters (connection, vbucket, stream, opcode, direction, key text, only
+problems/anomalies) evaluated with Arrow compute over the whole table, paging
+(only the visible page becomes Python rows), a selection with the selected
+frame's annotation (:func:`~dcpinspect.wire.render.annotate_html`), and the
+pictures shown beside it (:class:`Shown`: the selected stream's timeline and
+its vbucket's branch tree from :mod:`dcpinspect.views.plots`, the frames worth
+jumping to, and which frame a click on either picture hit).  Live mode folds
+records appended from a proxy, client or capture callback in at most every
+``interval`` seconds.  Threads and event loops are reached only through a
+:class:`~dcpinspect.views.background.Background`.  Listeners registered with
+:meth:`ExplorerModel.on_change` hear what changed; the widgets in
+:mod:`dcpinspect.views.widgets` are such listeners.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..capture.read import read_chunks, read_records
+from ..flows.records import CaptureStats, Record, RecordChunk
+from ..tables.frames_vector import SCHEMA
+from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
+from ..wire.dissection import DissectContext
+from ..wire.events import Event
+from ..wire.render import annotate_html
+from .background import Background, Runner
+from .labels import seqno_label
+from .store import FrameStore
+
+__all__ = ["PAGE_COLUMNS", "PNG_DPI", "ExplorerModel", "Filters", "Shown", "key_frames"]
+
+#: columns of the frame list (the visible page)
+PAGE_COLUMNS = (
+    "frame",
+    "ts",
+    "conn_id",
+    "dir",
+    "type",
+    "name",
+    "vbucket",
+    "stream_id",
+    "status_name",
+    "opaque",
+    "key",
+    "seqno",
+    "problems",
+)
+_U64 = frozenset(f.name for f in SCHEMA if f.type == pa.uint64())
+PNG_DPI = 80  # the resolution plots are sent to the browser at (clicks are mapped back at the same one)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the frame list shows (``None``/empty: no constraint)."""
+
+    conn: int | None = None
+    vbucket: int | None = None
+    stream: int | None = None  # index into the timeline's streams
+    opcode: str | None = None  # command name, e.g. "DCP_MUTATION"
+    direction: str | None = None  # "c2s" | "s2c"
+    key: str = ""  # case-insensitive substring of the key
+    problems: bool = False  # only frames with problems or in an anomaly
+
+
+@dataclass
+class Shown:
+    """The pictures beside the frame list: the selected stream's seqnos and its vbucket's branch tree.
+
+    ``key`` is what they were drawn for (the stream, the timeline, the theme);
+    the pictures are rendered once, at :data:`PNG_DPI`, and a click on one is
+    hit-tested on the very figure it shows.
+    """
+
+    key: tuple[Any, ...]
+    figures: dict[str, Any]  # "stream" / "branch" -> matplotlib Figure, or None
+    jumps: list[tuple[str, int]]  # (label, frame) of the stream's key frames
+    _png: dict[str, bytes] = field(default_factory=dict)
+
+    def png(self, which: str) -> bytes:
+        """The picture of figure ``which`` (empty: there is none)."""
+        if which not in self._png:
+            from .plots import figure_png
+
+            fig = self.figures.get(which)
+            self._png[which] = b"" if fig is None else figure_png(fig, PNG_DPI)
+        return self._png[which]
+
+    def frame_at(self, which: str, x: float, y: float) -> int | None:
+        """The frame under a click at pixel (``x``, ``y``) of picture ``which`` (``None``: nothing there)."""
+        from .plots import frame_at_pixel
+
+        fig = self.figures.get(which)
+        return None if fig is None else frame_at_pixel(fig, x, y, dpi=PNG_DPI)
+
+
+def key_frames(s: Stream) -> list[tuple[str, int]]:
+    """The frames worth jumping to in a stream, by frame: requests, answers, snapshots (first 100), end, anomalies (first 50)."""
+    out: list[tuple[str, int]] = []
+    for a in s.attempts:
+        out.append((f"frame {a.frame}: stream request from {a.start}", a.frame))
+        if a.response_frame is not None:
+            what = f"rollback to {a.rollback_seqno}" if a.outcome == "rollback" else (a.status_name or a.outcome or "")
+            out.append((f"frame {a.response_frame}: {what}", a.response_frame))
+    for sn in s.snapshots[:100]:
+        out.append((f"frame {sn.frame}: snapshot {sn.start}-{sn.end}", sn.frame))
+    if s.end is not None:
+        out.append((f"frame {s.end['frame']}: stream end {s.end.get('name')}", s.end["frame"]))
+    for an in s.anomalies[:50]:
+        if an.frames:
+            out.append((f"frame {an.frames[-1]}: {an.kind}", an.frames[-1]))
+    seen: set[int] = set()
+    unique = []
+    for label, f in sorted(out, key=lambda x: x[1]):
+        if f not in seen:
+            seen.add(f)
+            unique.append((label, f))
+    return unique
+
+
+class ExplorerModel:
+    """The explorer's state: a frames table, filters, a page, a selection, a timeline; no widgets.
+
+    Build one with :meth:`open` (capture paths, a frames DataFrame or Arrow
+    table, records) or :meth:`live`; ``background=True`` reads a capture in a
+    thread (through :attr:`runner`), the first page is there after the first chunk.
+    """
+
+    def __init__(
+        self,
+        store: FrameStore | None = None,
+        *,
+        page_size: int = 50,
+        timeline: bool = True,
+        interval: float = 0.5,
+        runner: Runner | None = None,
+    ) -> None:
+        self.store = store if store is not None else FrameStore()
+        self.runner = runner if runner is not None else Background()  # the only way to threads and event loops
+        self.page_size = page_size
+        self.interval = interval  # live: seconds between refreshes
+        self.filters = Filters()
+        self.page = 0
+        self.selected: int | None = None  # frame number
+        self.builder: TimelineBuilder | None = TimelineBuilder() if timeline else None
+        self.stats = CaptureStats()
+        self.loading = False
+        self.error: str | None = None
+        self._tl_lock = threading.RLock()
+        self._timeline: Timeline | None = None
+        self._indices: tuple[Any, np.ndarray] | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._pending: list[Record] = []
+        self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._flush_scheduled = False
+        self._shown: Shown | None = None
+
+    # --- construction ---------------------------------------------------------
+    @classmethod
+    def open(cls, source: Any, *, background: bool = False, timeline: bool = True, page_size: int = 50) -> ExplorerModel:
+        """A model over capture path(s), a frames DataFrame / Arrow table, or records."""
+        m = cls(page_size=page_size, timeline=timeline)
+        if isinstance(source, (str, Path)) or (isinstance(source, (list, tuple)) and source and isinstance(source[0], (str, Path))):
+            paths = [str(source)] if isinstance(source, (str, Path)) else [str(p) for p in source]
+            m.load(paths, background=background)
+        elif isinstance(source, pa.Table):
+            m.store.add_table(source.cast(SCHEMA) if source.schema != SCHEMA and set(source.column_names) == set(SCHEMA.names) else source)
+        elif hasattr(source, "columns") and hasattr(source, "iloc"):  # pandas
+            m.store.add_table(_from_pandas(source))
+            m.builder = None if not m.store.files else m.builder
+            if m.builder is not None:
+                m.builder.feed_all(read_records(m.store.files))
+        else:
+            m.feed_many(list(source))
+            m.flush()
+        return m
+
+    def load(self, paths: Sequence[str], *, background: bool = False, rows: int = 16384) -> None:
+        """Read captures into the model (``background``: the first chunk now, the rest in a thread)."""
+        chunks = read_chunks(paths, rows=rows, stats=self.stats)
+        self.loading = True
+        first = next(chunks, None)
+        if first is not None:
+            self._take_chunk(first)
+        if background:
+            self.runner.start(lambda: self._load_rest(chunks), name="dcpinspect-explorer-load")
+        else:
+            self._load_rest(chunks)
+
+    def _load_rest(self, chunks: Iterator[RecordChunk]) -> None:
+        try:
+            for chunk in chunks:
+                self._take_chunk(chunk)
+                self._notify("rows")
+        except Exception as exc:  # surfaced in the view, never lost in a thread
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.loading = False
+            self._notify("rows")
+
+    def wait(self, timeout: float | None = None) -> ExplorerModel:
+        """Wait for a background load to finish."""
+        self.runner.join(timeout)
+        return self
+
+    def _take_chunk(self, chunk: RecordChunk) -> None:
+        self.store.add_chunk(chunk)
+        if self.builder is not None:
+            with self._tl_lock:
+                self.builder.feed_all(chunk.records())
+                self._timeline = None
+
+    # --- live -------------------------------------------------------------------
+    @classmethod
+    def live(cls, source: Any = None, *, interval: float = 0.5, page_size: int = 50, runner: Runner | None = None) -> ExplorerModel:
+        """A live model; attached to ``source`` (a LiveCapture, TapProxy or DcpClient) when given, else use :meth:`on_record`."""
+        m = cls(page_size=page_size, interval=interval, runner=runner)
+        if source is not None:
+            m.attach(source)
+        return m
+
+    def attach(self, source: Any) -> None:
+        """Chain :meth:`on_record` onto a LiveCapture's, TapProxy's or DcpClient's record callback."""
+        target = source
+        if hasattr(source, "capture") and source.capture is not None and hasattr(source.capture, "on_record"):
+            target = source.capture  # a TapProxy, or a client sharing a capture
+        if not hasattr(target, "on_record"):
+            raise TypeError(f"cannot follow {type(source).__name__}: it has no on_record callback")
+        old = target.on_record
+
+        def both(rec: Record) -> None:
+            if old is not None:
+                old(rec)
+            self.on_record(rec)
+
+        target.on_record = both
+        if isinstance(getattr(target, "records", None), list) and target.records:  # a LiveCapture that kept records so far
+            self.feed_many(target.records)
+
+    def on_record(self, rec: Record) -> None:
+        """The live callback: cheap (an append); the model folds records in at most every ``interval`` s."""
+        with self._pending_lock:
+            self._pending.append(rec)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        self.runner.later(self.interval, self.flush)
+
+    def feed_many(self, records: Iterable[Record]) -> None:
+        """Queue records (folded in by :meth:`flush`)."""
+        with self._pending_lock:
+            self._pending.extend(records)
+
+    def flush(self) -> int:
+        """Fold queued live records into the table and the timeline, in order; returns how many."""
+        with self._flush_lock:  # two folds (a timer's and the caller's) never interleave their records
+            with self._pending_lock:
+                recs, self._pending = self._pending, []
+                self._flush_scheduled = False
+            if not recs:
+                return 0
+            self.store.add_records(recs)
+            if self.builder is not None:
+                with self._tl_lock:
+                    self.builder.feed_all(recs)
+                    self._timeline = None
+        self._notify("rows")
+        return len(recs)
+
+    # --- listeners ----------------------------------------------------------------
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``."""
+        self._listeners.append(callback)
+
+    def _notify(self, what: str) -> None:
+        for cb in list(self._listeners):
+            cb(what)
+
+    # --- timeline -----------------------------------------------------------------
+    @property
+    def timeline(self) -> Timeline | None:
+        """The timeline so far (``None`` when the model has none: a DataFrame without readable files)."""
+        if self.builder is None:
+            return None
+        with self._tl_lock:
+            if self._timeline is None:
+                self._timeline = self.builder.timeline(final=not self.loading and not self._pending)
+            return self._timeline
+
+    def streams(self) -> list[tuple[int, str]]:
+        """(index, label) of every stream, for the stream filter."""
+        t = self.timeline
+        return [] if t is None else [(i, stream_label(s)) for i, s in enumerate(t.streams)]
+
+    def stream_frames(self, i: int) -> np.ndarray:
+        """Every frame number of stream ``i``: requests, responses, markers, items, end."""
+        t = self.timeline
+        if t is None or not 0 <= i < len(t.streams):
+            return np.zeros(0, dtype=np.int64)
+        s = t.streams[i]
+        out = [f for a in s.attempts for f in (a.frame, a.response_frame) if f is not None]
+        out += [sn.frame for sn in s.snapshots]
+        out += [it.frame for it in s.items]
+        if s.end is not None:
+            out.append(s.end["frame"])
+        return np.unique(np.asarray(out, dtype=np.int64))
+
+    def stream_of(self, frame: int) -> int | None:
+        """The index of the stream a frame belongs to (``None``: none)."""
+        t = self.timeline
+        row = self.store.row_of(frame)
+        if t is None or row is None:
+            return None
+        r = self.store.table.slice(row, 1).select(["conn_id", "vbucket", "stream_id"]).to_pylist()[0]
+        for i, s in enumerate(t.streams):
+            if s.conn != r["conn_id"]:
+                continue
+            if any(frame in (a.frame, a.response_frame) for a in s.attempts):
+                return i
+            if r["vbucket"] != s.vbucket or r["stream_id"] != s.stream_id:
+                continue
+            lo = s.attempts[0].frame if s.attempts else (s.items[0].frame if s.items else frame)
+            hi = s.end["frame"] if s.end is not None else None
+            if lo <= frame and (hi is None or frame <= hi):
+                return i
+        return None
+
+    # --- filters and paging -------------------------------------------------------
+    def set_filters(self, **changes: Any) -> None:
+        """Change filters (fields of :class:`Filters`); back to the first page."""
+        new = replace(self.filters, **changes)
+        if new != self.filters:
+            self.filters = new
+            self.page = 0
+            self._notify("filters")
+
+    def clear_filters(self) -> None:
+        """No filter."""
+        self.set_filters(**{f.name: f.default for f in fields(Filters)})
+
+    def indices(self) -> np.ndarray:
+        """Rows (positions in the table) that pass the filters."""
+        key = (self.filters, self.store.rows, id(self._timeline))
+        if self._indices is not None and self._indices[0] == key:
+            return self._indices[1]
+        table = self.store.table
+        f = self.filters
+        masks: list[Any] = []
+        if f.conn is not None:
+            masks.append(pc.equal(table.column("conn_id"), f.conn))
+        if f.vbucket is not None:
+            masks.append(pc.equal(table.column("vbucket"), f.vbucket))
+        if f.opcode:
+            masks.append(pc.equal(table.column("name"), f.opcode))
+        if f.direction:
+            masks.append(pc.equal(table.column("dir"), f.direction))
+        if f.key:
+            masks.append(pc.match_substring(table.column("key"), f.key, ignore_case=True))
+        mask = None
+        for m in masks:
+            mask = m if mask is None else pc.and_(mask, m)
+        sel = np.ones(table.num_rows, dtype=bool) if mask is None else pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+        if f.stream is not None:
+            sel &= np.isin(self.store.frames(), self.stream_frames(f.stream))
+        if f.problems:
+            probs = pc.greater(pc.fill_null(pc.list_value_length(table.column("problems")), 0), 0).to_numpy(zero_copy_only=False)
+            t = self.timeline
+            if t is not None and t.anomalies:
+                probs = probs | np.isin(self.store.frames(), np.asarray([n for a in t.anomalies for n in a.frames], dtype=np.int64))
+            sel &= probs
+        idx = np.flatnonzero(sel)
+        self._indices = ((self.filters, self.store.rows, id(self._timeline)), idx)
+        return idx
+
+    @property
+    def total(self) -> int:
+        """Rows that pass the filters."""
+        return len(self.indices())
+
+    @property
+    def pages(self) -> int:
+        """Number of pages (at least 1)."""
+        return max(1, -(-self.total // self.page_size))
+
+    def goto_page(self, page: int) -> None:
+        """Show page ``page`` (clamped)."""
+        page = min(max(0, page), self.pages - 1)
+        if page != self.page:
+            self.page = page
+            self._notify("page")
+
+    def next_page(self) -> None:
+        """The next page."""
+        self.goto_page(self.page + 1)
+
+    def previous_page(self) -> None:
+        """The previous page."""
+        self.goto_page(self.page - 1)
+
+    def page_table(self) -> pa.Table:
+        """The visible page as a small Arrow table (only these rows are materialised)."""
+        idx = self.indices()[self.page * self.page_size : (self.page + 1) * self.page_size]
+        return self.store.table.take(pa.array(idx, type=pa.int64())).select(list(PAGE_COLUMNS))
+
+    def page_rows(self) -> list[dict[str, Any]]:
+        """The visible page as dicts (the columns of :data:`PAGE_COLUMNS`)."""
+        rows: list[dict[str, Any]] = self.page_table().to_pylist()
+        return rows
+
+    def page_df(self) -> Any:
+        """The visible page as a pandas DataFrame."""
+        from ..tables.schema import pandas_dtype
+
+        return self.page_table().to_pandas(types_mapper=pandas_dtype)
+
+    # --- selection ---------------------------------------------------------------------
+    def select(self, frame: int | None) -> None:
+        """Select a frame by number (``None``: nothing)."""
+        if frame is not None and self.store.row_of(frame) is None:
+            raise KeyError(f"no frame {frame}")
+        if frame != self.selected:
+            self.selected = frame
+            self._notify("selection")
+
+    def select_pick(self, event: Any) -> int | None:
+        """Select the frame of a matplotlib pick event on one of :mod:`dcpinspect.views.plots`' artists."""
+        from .plots import frame_at
+
+        frame = frame_at(event)
+        if frame is not None and self.store.row_of(frame) is not None:
+            self.select(frame)
+        return frame
+
+    def selected_event(self) -> tuple[Event, DissectContext | None] | None:
+        """The selected frame's event and context."""
+        if self.selected is None:
+            return None
+        row = self.store.row_of(self.selected)
+        return None if row is None else self.store.event(row)
+
+    def annotation_html(self) -> str:
+        """The selected frame's coloured grid and breakdown (escaped HTML); empty without a selection."""
+        got = self.selected_event()
+        if got is None:
+            return ""
+        ev, ctx = got
+        return f"<div><b>frame {self.selected}</b></div>" + annotate_html(ev, context=ctx)
+
+    def stream_figure(self, *, theme: str = "light") -> Any:
+        """The selected frame's stream (or every stream) as :func:`~dcpinspect.views.plots.plot_seqnos`."""
+        from .plots import plot_seqnos
+
+        t = self.timeline
+        if t is None:
+            return None
+        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
+        return plot_seqnos(t, streams=None if i is None else [i], clock=self._clock(), theme=theme)
+
+    def branch_figure(self, *, theme: str = "light") -> Any:
+        """The branch tree of the selected stream's vbucket (or the filtered vbucket)."""
+        from .plots import plot_branches
+
+        t = self.timeline
+        if t is None:
+            return None
+        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
+        vb = t.streams[i].vbucket if i is not None else self.filters.vbucket
+        if vb is None and not t.branches:
+            return None
+        return plot_branches(t, vb, theme=theme)
+
+    def shown(self, *, theme: str = "light") -> Shown | None:
+        """The pictures for the selected stream (or the filtered one), drawn again only when it or the timeline changed."""
+        t = self.timeline
+        if t is None:
+            return None
+        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
+        key = (i, id(t), theme)
+        if self._shown is None or self._shown.key != key:
+            figures = {"stream": self.stream_figure(theme=theme), "branch": self.branch_figure(theme=theme)}
+            self._shown = Shown(key, figures, key_frames(t.streams[i]) if i is not None else [])
+        return self._shown
+
+    def select_click(self, which: str, x: float, y: float) -> int | None:
+        """Select the frame under a click at pixel (``x``, ``y``) of the picture ``which`` last :meth:`shown` (nothing hit: no change)."""
+        frame = self._shown.frame_at(which, x, y) if self._shown is not None else None
+        if frame is not None and self.store.row_of(frame) is not None:
+            self.select(frame)
+        return frame
+
+    def _clock(self) -> tuple[Any, Any]:
+        table = self.store.table
+        return self.store.frames(), table.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+    # --- choices for the filter widgets ---------------------------------------------
+    def choices(self, column: str, limit: int = 500) -> list[Any]:
+        """Distinct values of a column (sorted; at most ``limit``)."""
+        vals = [v for v in pc.unique(self.store.table.column(column)).to_pylist() if v is not None]
+        return sorted(vals)[:limit]
+
+    # --- static display ---------------------------------------------------------------
+    def summary(self) -> str:
+        """One line: rows, filtered rows, page."""
+        state = " (loading...)" if self.loading else ""
+        active = {f.name: getattr(self.filters, f.name) for f in fields(Filters) if getattr(self.filters, f.name) != f.default}
+        filt = ", ".join(f"{k}={v!r}" for k, v in active.items()) or "none"
+        return f"{self.store.rows:,} frames{state}; filters: {filt}; {self.total:,} shown; page {self.page + 1}/{self.pages}"
+
+    def page_html(self) -> str:
+        """The visible page as an escaped HTML table."""
+        rows = self.page_rows()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in PAGE_COLUMNS)
+        body = []
+        for r in rows:
+            cls = ' style="background:#d55e0022"' if r.get("problems") else ""
+            sel = ' style="outline:2px solid #0072b2"' if r["frame"] == self.selected else cls
+            body.append(f"<tr{sel}>" + "".join(f"<td>{html.escape(_cell(c, r[c]))}</td>" for c in PAGE_COLUMNS) + "</tr>")
+        return f'<table class="dcpinspect-frames"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+    def _repr_html_(self) -> str:
+        return f"<div class='dcpinspect-explorer'><p>{html.escape(self.summary())}</p>{self.page_html()}{self.annotation_html()}</div>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
+    def text(self) -> str:
+        """The summary and the visible page as plain text."""
+        lines = [self.summary()]
+        for r in self.page_rows():
+            lines.append("  ".join(_cell(c, r[c]) for c in ("frame", "dir", "name", "vbucket", "status_name", "key", "seqno", "problems")))
+        return "\n".join(lines)
+
+
+def _cell(col: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if col == "problems":
+        return "; ".join(v)
+    if col in _U64:
+        return seqno_label(v)
+    if col == "opaque":
+        return f"0x{v:08x}"
+    if col == "ts":
+        return str(v)[11:26] if not isinstance(v, int) else str(v)
+    return str(v)
+
+
+def _from_pandas(df: Any) -> pa.Table:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if set(SCHEMA.names) <= set(table.column_names):
+        table = table.select(SCHEMA.names).cast(SCHEMA)
+    return table

@@ -1,0 +1,323 @@
+"""Notebook widgets (ipywidgets 8): thin views over the models of :mod:`dcpinspect.views.explorer` and :mod:`dcpinspect.views.stepper`.
+
+* :func:`explore` - the explorer: filters, a paged frame list, the selected
+  frame's annotation (grid and breakdown, the field under the pointer
+  highlighted in both), the selected stream's timeline and its vbucket's
+  branch tree - a click on a point of either selects its frame - and a
+  "jump to" list of the stream's key frames (requests, rollbacks, snapshots,
+  end, anomalies) that selects them; live sources update it as the session
+  runs.
+* :func:`stepper` - the teaching mode: play/next/previous/speed over a session,
+  each frame's annotation and what it changed in the stream's state.
+
+Every view also carries a static rendering (``text/html`` and ``text/plain``
+in its mime bundle, from the model), so exported notebooks and terminals
+without a widget front end still show the page, the annotation and the
+changes.  All state lives in the models (the filters, the page, the
+selection, the pictures shown and what a click on them hits); a view only
+mirrors it and passes the user's actions on.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import ipywidgets as w
+import traitlets
+
+from .explorer import ExplorerModel
+from .labels import row_label
+from .stepper import StepperModel
+
+__all__ = ["ExplorerView", "FigureImage", "StepperView", "explore", "stepper"]
+
+BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
+_ANY = ("any", None)
+
+
+def _show_any(d: w.Dropdown) -> None:
+    """Show "any" for a dropdown whose value is ``None``.
+
+    ipywidgets maps a ``None`` value to no index, so the browser would show an
+    empty dropdown; index 0 is the ("any", None) option and keeps the value.
+    """
+    if d.value is None and d.options and d.index is None:
+        d.index = 0
+
+
+#: the frame list's labels are columns (frame number right-aligned, names, vbucket...): a fixed-width font lines them up
+_LIST_CSS = "<style>.dcpinspect-explorer .widget-select select{font-family:var(--jp-code-font-family,monospace);white-space:pre}</style>"
+
+
+class FigureImage(anywidget.AnyWidget):
+    """A matplotlib figure as a PNG that reports clicks: ``click`` is ``[x, y, n]`` in image pixels (n counts clicks).
+
+    The front end is a few lines of JavaScript (anywidget's ESM): an ``<img>``
+    from the PNG bytes and a click listener that scales the pointer to the
+    picture's own pixels, so the model can hit-test the figure it drew
+    (:meth:`~dcpinspect.views.explorer.ExplorerModel.select_click`).
+    """
+
+    _esm = """
+    function render({ model, el }) {
+      const img = document.createElement("img");
+      img.style.maxWidth = "100%";
+      img.style.cursor = "crosshair";
+      img.className = "dcpinspect-figure";
+      let url = null, clicks = 0;
+      const show = () => {
+        const v = model.get("value");
+        if (url) URL.revokeObjectURL(url);
+        url = v && v.byteLength ? URL.createObjectURL(new Blob([v], { type: "image/png" })) : null;
+        if (url) img.src = url; else img.removeAttribute("src");
+      };
+      img.addEventListener("click", (e) => {
+        const r = img.getBoundingClientRect();
+        if (!r.width || !r.height) return;
+        clicks += 1;
+        model.set("click", [(e.clientX - r.left) * img.naturalWidth / r.width, (e.clientY - r.top) * img.naturalHeight / r.height, clicks]);
+        model.save_changes();
+      });
+      model.on("change:value", show);
+      show();
+      el.appendChild(img);
+    }
+    export default { render };
+    """
+    value = traitlets.Bytes(b"").tag(sync=True)
+    click: traitlets.List[float] = traitlets.List([]).tag(sync=True)
+
+
+def _set_png(img: FigureImage, png: bytes) -> None:
+    """Show a PNG, or hide the image when there is none (an empty image is a broken-image icon in a browser)."""
+    img.value = png
+    img.layout.display = None if png else "none"
+
+
+class _Static:
+    """Adds the model's static rendering to a widget's mime bundle."""
+
+    model: Any
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})  # type: ignore[misc]
+        bundle["text/html"] = self.model._repr_html_()
+        bundle["text/plain"] = self.model.text()
+        return bundle
+
+
+class ExplorerView(_Static, w.VBox):
+    """The explorer widget over an :class:`~dcpinspect.views.explorer.ExplorerModel`."""
+
+    def __init__(self, model: ExplorerModel, *, theme: str = "light", plots: bool = True) -> None:
+        self.model = model
+        self.theme = theme  # how it was asked to draw, not state
+        self.plots = plots and model.builder is not None
+        self._syncing = False  # set while mirroring the model: the widgets' echo is not the user's action
+        small = w.Layout(width="150px")
+        self.conn = w.Dropdown(description="conn", options=[_ANY], layout=small)
+        self.vbucket = w.Dropdown(description="vbucket", options=[_ANY], layout=small)
+        self.stream = w.Dropdown(description="stream", options=[_ANY], layout=w.Layout(width="220px"))
+        self.opcode = w.Dropdown(description="opcode", options=[_ANY], layout=w.Layout(width="260px"))
+        self.direction = w.Dropdown(description="dir", options=[_ANY, ("c2s", "c2s"), ("s2c", "s2c")], layout=small)
+        self.key = w.Text(description="key", placeholder="text in the key", continuous_update=False, layout=w.Layout(width="220px"))
+        self.problems = w.Checkbox(description="only problems/anomalies", indent=False)
+        for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction):
+            d.style.description_width = "55px"
+        self.status = w.HTML()
+        self.prev_btn = w.Button(description="◀ page", layout=w.Layout(width="90px"))
+        self.next_btn = w.Button(description="page ▶", layout=w.Layout(width="90px"))
+        self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="100%"))
+        self.annotation = w.HTML()
+        self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="480px"))
+        self.stream_img = FigureImage(layout=w.Layout(display="none"))  # shown by _set_png once drawn
+        self.branch_img = FigureImage(layout=w.Layout(display="none"))
+        plots_box = w.VBox([self.jump, self.stream_img, self.branch_img]) if self.plots else w.VBox([])
+        super().__init__(
+            [
+                w.HBox([self.conn, self.vbucket, self.stream, self.opcode, self.direction]),
+                w.HBox([self.key, self.problems]),
+                w.HBox([self.prev_btn, self.next_btn, self.status]),
+                w.HTML(_LIST_CSS, layout=w.Layout(display="none")),
+                self.frames,
+                w.HBox([self.annotation, plots_box]),
+            ]
+        )
+        self.add_class("dcpinspect-explorer")
+        for name in ("conn", "vbucket", "stream", "opcode", "direction", "key", "problems"):
+            getattr(self, name).observe(lambda change, name=name: self._on_filter(name, change["new"]), names="value")
+        self.prev_btn.on_click(lambda _b: model.previous_page())
+        self.next_btn.on_click(lambda _b: model.next_page())
+        self.frames.observe(self._on_select, names="value")
+        self.jump.observe(self._on_jump, names="value")
+        self.stream_img.observe(lambda c: self._on_click("stream", c["new"]), names="click")
+        self.branch_img.observe(lambda c: self._on_click("branch", c["new"]), names="click")
+        model.on_change(self.refresh)
+        self.refresh("rows")
+
+    # --- widget -> model -------------------------------------------------------
+    def _on_filter(self, name: str, value: Any) -> None:
+        """The user changed one filter: that one, and only that one, changes in the model."""
+        if self._syncing:
+            return
+        if name == "key":
+            value = value or ""
+        elif name == "problems":
+            value = bool(value)
+        self.model.set_filters(**{name: value})
+
+    def _on_select(self, change: Any) -> None:
+        if not self._syncing and change["new"] is not None:
+            self.model.select(int(change["new"]))
+
+    def _on_click(self, which: str, click: list[float]) -> None:
+        """A click on a plot: select the frame of the point under it (nothing when it hit none)."""
+        if len(click) >= 2:
+            self.model.select_click(which, float(click[0]), float(click[1]))
+
+    def _on_jump(self, change: Any) -> None:
+        if not self._syncing and change["new"] is not None:
+            self.model.select(int(change["new"]))
+
+    # --- model -> widget -------------------------------------------------------
+    def refresh(self, what: str = "rows") -> None:
+        """Mirror the model (called by the model on every change)."""
+        m = self.model
+        self._syncing = True
+        try:
+            if what == "rows":
+                self._options()
+            if what in ("rows", "filters"):
+                self._mirror_filters()
+            if what in ("rows", "filters", "page"):
+                rows = m.page_rows()
+                self.frames.options = [(row_label(r), r["frame"]) for r in rows]
+                self.frames.value = m.selected if any(r["frame"] == m.selected for r in rows) else None
+            if what == "selection":
+                self.annotation.value = m.annotation_html()
+                if any(v == m.selected for _l, v in self.frames.options):
+                    self.frames.value = m.selected
+            self.status.value = html.escape(m.summary()) + (f" <b>{html.escape(m.error)}</b>" if m.error else "")
+            self.prev_btn.disabled = m.page == 0
+            self.next_btn.disabled = m.page >= m.pages - 1
+            for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction):
+                _show_any(d)
+        finally:
+            self._syncing = False
+        if self.plots and what in ("selection", "rows", "filters"):
+            self._draw()
+
+    def _options(self) -> None:
+        m = self.model
+        self.conn.options = [_ANY] + [(f"conn {c}", c) for c in m.choices("conn_id")]
+        self.vbucket.options = [_ANY] + [(str(v), v) for v in m.choices("vbucket", 1024)]
+        self.opcode.options = [_ANY] + [(n, n) for n in m.choices("name")]
+        self.stream.options = [_ANY] + [(label, i) for i, label in m.streams()]
+
+    def _mirror_filters(self) -> None:
+        f = self.model.filters
+        for name in ("conn", "vbucket", "opcode", "stream", "direction"):
+            widget, value = getattr(self, name), getattr(f, name)
+            widget.value = value if any(v == value for _l, v in widget.options) else None
+        self.key.value = f.key
+        self.problems.value = f.problems
+
+    def _draw(self) -> None:
+        """Show the model's pictures and jump list (the model draws them again only when the stream or the timeline changed)."""
+        shown = self.model.shown(theme=self.theme)
+        if shown is None:
+            return
+        _set_png(self.stream_img, shown.png("stream"))
+        _set_png(self.branch_img, shown.png("branch"))
+        jumps = (_ANY, *shown.jumps)
+        self._syncing = True
+        try:
+            if tuple(self.jump.options) != jumps:  # another stream: its key frames, none picked
+                self.jump.options = jumps
+                self.jump.value = None
+            _show_any(self.jump)
+        finally:
+            self._syncing = False
+
+
+class StepperView(_Static, w.VBox):
+    """The teaching view over a :class:`~dcpinspect.views.stepper.StepperModel`: play/next/previous/speed."""
+
+    def __init__(self, model: StepperModel) -> None:
+        self.model = model
+        last = max(0, len(model) - 1)
+        self.play = w.Play(min=0, max=last, step=1, interval=int(1000 / max(model.speed, 0.1)), description="play")
+        self.slider = w.IntSlider(min=0, max=last, description="frame", continuous_update=False, layout=w.Layout(width="420px"))
+        w.jslink((self.play, "value"), (self.slider, "value"))
+        self.prev_btn = w.Button(description="◀ previous", layout=w.Layout(width="110px"))
+        self.next_btn = w.Button(description="next ▶", layout=w.Layout(width="110px"))
+        self.speed = w.FloatLogSlider(value=model.speed, base=2, min=-2, max=5, description="frames/s", readout_format=".2g")
+        self.header = w.HTML()
+        self.annotation = w.HTML()
+        self.changes = w.HTML()
+        super().__init__(
+            [
+                w.HBox([self.play, self.slider, self.prev_btn, self.next_btn, self.speed]),
+                self.header,
+                w.HBox([self.annotation, self.changes]),
+            ]
+        )
+        self.add_class("dcpinspect-stepper")
+        self.slider.observe(lambda ch: model.goto(int(ch["new"])), names="value")
+        self.play.observe(lambda ch: model.goto(int(ch["new"])), names="value")
+        self.speed.observe(self._on_speed, names="value")
+        self.prev_btn.on_click(lambda _b: model.previous())
+        self.next_btn.on_click(lambda _b: model.next())
+        model.on_change(self.refresh)
+        self.refresh()
+
+    def _on_speed(self, change: Any) -> None:
+        self.model.speed = float(change["new"])
+        self.play.interval = int(1000 / max(self.model.speed, 0.1))
+
+    def refresh(self, _what: str = "position") -> None:
+        """Mirror the model's position."""
+        m = self.model
+        st = m.current
+        if self.slider.value != m.position:
+            self.slider.value = m.position
+        if st is None:
+            self.header.value = "(no frames)"
+            return
+        self.header.value = html.escape(m.header())
+        self.annotation.value = st.annotation_html()
+        self.changes.value = m.changes_html()
+
+
+def _is_live(source: Any) -> bool:
+    return source is None or hasattr(source, "on_record") or (hasattr(source, "capture") and hasattr(source, "upstream"))
+
+
+def explore(
+    source: Any = None, *, background: bool | None = None, page_size: int = 50, theme: str = "light", plots: bool = True
+) -> ExplorerView:
+    """The explorer over a capture path, a list of paths, a frames DataFrame/Arrow table, records, or a live session.
+
+    A live session is a :class:`~dcpinspect.live.tap.LiveCapture`, a
+    :class:`~dcpinspect.live.proxy.TapProxy` or a :class:`~dcpinspect.live.client.DcpClient`
+    (its record callback is chained), or ``None``: pass the view's
+    ``model.on_record`` as the ``on_record`` of whatever produces records.
+    ``background`` (default: captures over 32 MiB) reads the capture in a
+    thread; the first page shows as soon as the first chunk is read.
+    """
+    if _is_live(source):
+        model = ExplorerModel.live(source, page_size=page_size)
+    else:
+        if background is None:
+            paths = [source] if isinstance(source, (str, Path)) else (source if isinstance(source, (list, tuple)) else [])
+            background = sum(Path(p).stat().st_size for p in paths if isinstance(p, (str, Path)) and Path(p).is_file()) > BIG
+        model = ExplorerModel.open(source, background=background, page_size=page_size)
+    return ExplorerView(model, theme=theme, plots=plots)
+
+
+def stepper(source: Any, *, speed: float = 2.0) -> StepperView:
+    """The teaching mode over capture path(s), records, or a LiveCapture that kept its records."""
+    return StepperView(StepperModel.open(source, speed=speed))

@@ -1,0 +1,821 @@
+"""The sans-IO producer: frames in via encode, frames out via FrameDecoder + dissect (never with problems)."""
+
+from __future__ import annotations
+
+import doctest
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import ALL_VARIANTS, mcbp_case
+
+from dcpinspect import EncodeError, encode
+from dcpinspect.live import cluster as cluster_module
+from dcpinspect.live import producer as producer_module
+from dcpinspect.live.cluster import MAX_FAILOVER_ENTRIES, Cluster, VBucket
+from dcpinspect.live.producer import HANDLED_OPCODES, UNANSWERED, ProducerConnection
+from dcpinspect.live.sasl import ScramClient, plain_payload
+from dcpinspect.protocol import spec
+from dcpinspect.protocol.enums import Feature, Magic, Opcode, OpenFlag, Status
+from dcpinspect.protocol.rules import MAX_SEQNO as FOREVER
+from dcpinspect.protocol.session import EXPECTS_RESPONSE
+from dcpinspect.wire.decoder import FrameDecoder
+from dcpinspect.wire.dissect import dissect
+from dcpinspect.wire.dissection import Dissection
+
+COLLECTIONS, JSON, ALT, XATTR, SNAPPY = Feature.COLLECTIONS, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.XATTR, Feature.SNAPPY
+
+
+class Peer:
+    """A consumer driving one ProducerConnection; every frame it gets back must dissect cleanly."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.conn = ProducerConnection(cluster)
+        self.dec = FrameDecoder()
+        self.now = 0.0
+        self.opaque = 0
+
+    def send(self, *frames: bytes) -> list[Dissection]:
+        for f in frames:
+            self.conn.receive(f, self.now)
+        return self.drain()
+
+    def drain(self) -> list[Dissection]:
+        out = []
+        for ev in self.dec.feed(self.conn.data_to_send()):
+            assert ev.type == "frame", ev
+            d = dissect(ev, self.conn.context)
+            assert not d.problems, (d.name, d.variant, d.problems)
+            out.append(d)
+        return out
+
+    def tick(self, dt: float) -> list[Dissection]:
+        self.now += dt
+        self.conn.tick(self.now)
+        return self.drain()
+
+    def request(self, name: str, **kw) -> Dissection:
+        self.opaque += 1
+        replies = [d for d in self.send(encode(name, opaque=self.opaque, **kw)) if d.role == "response" and d.frame.opaque == self.opaque]
+        assert len(replies) == 1, replies
+        return replies[0]
+
+    def status(self, name: str, **kw) -> int:
+        return self.request(name, **kw).frame.status
+
+    def bootstrap(self, *, features=(COLLECTIONS, JSON, ALT), open_flags=0x01, controls=None) -> None:
+        if features:
+            assert self.request("HELLO", key="test", value={"features": [(f,) for f in features]}).frame.status == 0
+        assert self.status("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password")) == 0
+        assert self.status("SELECT_BUCKET", key="default") == 0
+        assert self.status("DCP_OPEN", key="test-conn", extras={"flags": open_flags}) == 0
+        for k, v in ({"enable_noop": "true"} if controls is None else controls).items():
+            assert self.status("DCP_CONTROL", key=k, value=v) == 0, k
+
+    def stream_req(self, vb: int = 0, *, start=0, end=FOREVER, uuid=0, ss=None, se=None, flags=0, value=None) -> list[Dissection]:
+        self.opaque += 1
+        extras = {
+            "flags": flags,
+            "start_seqno": start,
+            "end_seqno": end,
+            "vb_uuid": uuid,
+            "snap_start_seqno": start if ss is None else ss,
+            "snap_end_seqno": start if se is None else se,
+        }
+        return self.send(
+            encode("DCP_STREAM_REQ", extras=extras, vbucket=vb, opaque=self.opaque, value=value, datatype=0x01 if value else 0)
+        )
+
+
+def make(items: int = 10, vbuckets: int = 2, **kw) -> tuple[Cluster, Peer]:
+    cluster = Cluster(seed=7, **kw)
+    cluster.create_bucket("default", vbuckets=vbuckets, items=items)
+    return cluster, Peer(cluster)
+
+
+def names(ds: list[Dissection]) -> list[str]:
+    return [d.name for d in ds]
+
+
+def stream_messages(ds: list[Dissection]) -> list[Dissection]:
+    return [d for d in ds if d.role == "request" and d.name != "DCP_NOOP"]
+
+
+# ---------------------------------------------------------------------------
+# the cluster model
+
+
+def test_failover_table_rules() -> None:
+    vb = VBucket(0)
+    vb.add_failover_entry(1, 0)
+    vb.add_failover_entry(2, 10)
+    vb.add_failover_entry(3, 20)
+    vb.add_failover_entry(4, 15)  # branch below 20: (3, 20) is dropped
+    assert vb.failover_log == [(4, 15), (2, 10), (1, 0)]
+    for i in range(40):
+        vb.add_failover_entry(100 + i, 15 + i)
+    assert len(vb.failover_log) == MAX_FAILOVER_ENTRIES
+    seqnos = [s for _, s in vb.failover_log]
+    assert seqnos == sorted(seqnos, reverse=True)
+    assert vb.failover_log[0] == (139, 54)
+
+
+# ---------------------------------------------------------------------------
+# session
+
+
+def test_bootstrap_hello_sasl_select() -> None:
+    _, p = make()
+    hello = p.request("HELLO", key="agent", value={"features": [(0x99,), (COLLECTIONS,), (JSON,), (COLLECTIONS,), (0x0F,)]})
+    assert [f["feature"] for f in hello.body["features"]] == [COLLECTIONS, JSON]
+    assert p.request("SASL_LIST_MECHS").frame.value == b"SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN"
+    assert p.status("SELECT_BUCKET", key="default") == 0x24  # not authenticated
+    assert p.status("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "nope")) == 0x20
+    client = ScramClient("SCRAM-SHA512", "Administrator", "password")
+    first = p.request("SASL_AUTH", key="SCRAM-SHA512", value=client.first())
+    assert first.frame.status == 0x21
+    final = p.request("SASL_STEP", key="SCRAM-SHA512", value=client.final(first.frame.value))
+    assert final.frame.status == 0 and client.verify(final.frame.value)
+    assert p.status("DCP_OPEN", key="x", extras={"flags": 1}) == 0x08  # no bucket yet
+    assert p.status("SELECT_BUCKET", key="nope") == 0x01
+    assert p.status("SELECT_BUCKET", key="default") == 0
+    emap = p.request("GET_ERROR_MAP", value={"version": 2})
+    assert emap.document["errors"]["23"]["name"] == "Rollback"
+    assert p.status("NOOP") == 0
+    assert p.status(0xEE) == 0x81  # unknown command
+
+
+def test_scram_wrong_password_is_auth_error() -> None:
+    _, p = make()
+    client = ScramClient("SCRAM-SHA256", "Administrator", "wrong")
+    first = p.request("SASL_AUTH", key="SCRAM-SHA256", value=client.first())
+    assert p.status("SASL_STEP", key="SCRAM-SHA256", value=client.final(first.frame.value)) == 0x20
+    assert p.conn.user is None
+
+
+def test_seqnos_failover_log_and_stats() -> None:
+    cluster, p = make(items=10)
+    p.bootstrap()
+    b = cluster.buckets["default"]
+    rows = p.request("GET_ALL_VB_SEQNOS").body["vb_seqnos"]
+    assert rows == [{"vbucket": vb.id, "high_seqno": vb.high_seqno} for vb in b.vbuckets]
+    b.failover(1)
+    for op in ("GET_FAILOVER_LOG", "DCP_GET_FAILOVER_LOG"):
+        log = p.request(op, vbucket=1).body["failover_log"]
+        assert [(e["vb_uuid"], e["vb_seqno"]) for e in log] == b.vbuckets[1].failover_log
+    assert p.status("GET_FAILOVER_LOG", vbucket=9) == 0x07
+    p.opaque += 1
+    stats = {d.key_text: d.frame.value.decode() for d in p.send(encode("STAT", key="failovers 1", opaque=p.opaque))}
+    assert stats["vb_1:num_entries"] == "2" and stats["vb_1:0:seq"] == str(b.vbuckets[1].high_seqno) and "" in stats
+    p.opaque += 1
+    stats = {d.key_text: d.frame.value.decode() for d in p.send(encode("STAT", key="vbucket-seqno", opaque=p.opaque))}
+    assert stats["vb_0:high_seqno"] == str(b.vbuckets[0].high_seqno)
+
+
+@pytest.mark.parametrize(
+    ("flags", "status"),
+    [(0x01, 0), (0x03, 0x04), (0x11, 0x04), (0x49, 0x04), (0x105, 0), (0x101, 0x04), (0x400 | 1, 0x04), (0x00, 0x83), (0x201, 0)],
+)
+def test_dcp_open_flags(flags: int, status: int) -> None:
+    _, p = make()
+    p.bootstrap(open_flags=0x01, controls={})
+    p2 = Peer(p.cluster)
+    assert p2.status("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password")) == 0
+    assert p2.status("SELECT_BUCKET", key="default") == 0
+    assert p2.status("DCP_OPEN", key="other", extras={"flags": flags}) == status
+
+
+def test_dcp_open_name_reuse_closes_older() -> None:
+    cluster, p = make()
+    p.bootstrap()
+    q = Peer(cluster)
+    q.bootstrap()
+    assert p.conn.closed and "reused" in p.conn.close_reason and not q.conn.closed
+
+
+CONTROL_CASES = [
+    ("enable_noop", "true", 0),
+    ("enable_noop", "yes", 0x04),
+    ("set_noop_interval", "0.1", 0),
+    ("set_noop_interval", "0.05", 0x04),
+    ("set_noop_interval", "abc", 0x04),
+    ("connection_buffer_size", "1024", 0),
+    ("connection_buffer_size", "-1", 0x04),
+    ("stream_buffer_size", "1024", 0x83),
+    ("set_priority", "high", 0),
+    ("set_priority", "urgent", 0x04),
+    ("supports_cursor_dropping", "true", 0),
+    ("supports_cursor_dropping_vulcan", "false", 0),
+    ("supports_hifi_MFU", "true", 0),
+    ("force_value_compression", "true", 0x04),  # snappy not negotiated
+    ("send_stream_end_on_client_close_stream", "true", 0),
+    ("send_stream_end_on_client_close_stream", "false", 0x04),
+    ("enable_expiry_opcode", "true", 0),
+    ("enable_stream_id", "true", 0),
+    ("enable_sync_writes", "true", 0),
+    ("consumer_name", "replica-1", 0),
+    ("enable_out_of_order_snapshots", "true_with_seqno_advanced", 0),
+    ("enable_out_of_order_snapshots", "maybe", 0x04),
+    ("include_deleted_user_xattrs", "true", 0x04),  # open flag 0x100 not set
+    ("v7_dcp_status_codes", "true", 0),
+    ("flatbuffers_system_events", "true", 0),
+    ("flatbuffers_system_events", "false", 0x04),
+    ("change_streams", "true", 0x83),
+    ("max_marker_version", "2.2", 0),
+    ("max_marker_version", "3.0", 0x04),
+    ("backfill_order", "sequential", 0),
+    ("backfill_order", "random", 0x04),
+    ("cache_transfer", "true", 0x83),
+    ("no_such_key", "true", 0x04),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "status"), CONTROL_CASES, ids=[f"{k}={v}" for k, v, _ in CONTROL_CASES])
+def test_dcp_control_rules(key: str, value: str, status: int) -> None:
+    _, p = make()
+    p.bootstrap(controls={})
+    assert p.status("DCP_CONTROL", key=key, value=value) == status
+
+
+def test_control_exclusions_and_dependencies() -> None:
+    _, p = make()
+    p.bootstrap(controls={"enable_stream_id": "true"})
+    assert p.status("DCP_CONTROL", key="enable_sync_writes", value="true") == 0x83
+    _, q = make()
+    q.bootstrap(controls={"enable_sync_writes": "true"})
+    assert q.status("DCP_CONTROL", key="enable_stream_id", value="true") == 0x83
+    _, r = make()
+    r.bootstrap(features=(JSON,), controls={})
+    assert r.status("DCP_CONTROL", key="max_marker_version", value="2.2") == 0x04  # needs collections
+    _, s = make()
+    s.bootstrap(features=(SNAPPY, JSON), open_flags=0x105, controls={})
+    assert s.status("DCP_CONTROL", key="force_value_compression", value="true") == 0
+    assert s.status("DCP_CONTROL", key="include_deleted_user_xattrs", value="true") == 0
+
+
+def test_dcp_before_open_disconnects() -> None:
+    _, p = make()
+    assert p.status("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password")) == 0
+    assert p.status("SELECT_BUCKET", key="default") == 0
+    p.send(encode("DCP_CONTROL", key="enable_noop", value="true"))
+    assert p.conn.closed
+
+
+# ---------------------------------------------------------------------------
+# stream request validation, in the server's order (§6.4)
+
+
+def _status(ds: list[Dissection]) -> int:
+    return next(d.frame.status for d in ds if d.name == "DCP_STREAM_REQ")
+
+
+def test_stream_req_validation_branches() -> None:
+    cluster, p = make(items=20)
+    p.bootstrap(controls={})
+    b = cluster.buckets["default"]
+    high = b.vbuckets[0].high_seqno
+    assert _status(p.stream_req(0, flags=0x08)) == 0x04  # NoValue stream flag obsolete
+    assert _status(p.stream_req(0, flags=0x100 | 0x04)) == 0x04  # cache transfer combination
+    assert _status(p.stream_req(7)) == 0x07  # no such vb
+    b.set_state(1, "replica")
+    assert _status(p.stream_req(1, flags=0x10)) == 0x07  # ActiveVbOnly on a replica
+    b.set_state(1, "dead")
+    assert _status(p.stream_req(1)) == 0x07
+    assert _status(p.stream_req(0, value={"collections": ["0"]})) == 0x83  # noop not enabled
+    assert p.status("DCP_CONTROL", key="enable_noop", value="true") == 0
+    assert _status(p.stream_req(0, start=5, end=4)) == 0x22
+    assert _status(p.stream_req(0, start=5, ss=6, se=8)) == 0x22
+    assert _status(p.stream_req(0, start=5, ss=1, se=4)) == 0x22
+    assert _status(p.stream_req(0, value={"sid": 3})) == 0x8D  # sid without enable_stream_id
+    assert _status(p.stream_req(0, value={"collections": ["99"]})) == 0x88
+    assert _status(p.stream_req(0, value={"scope": "77"})) == 0x8C
+    assert _status(p.stream_req(0, value={"collections": ["0"], "scope": "0"})) == 0x04
+    assert _status(p.stream_req(0, start=high + 5, ss=high + 5, se=high + 5, uuid=b.vbuckets[0].uuid)) == 0x23
+    assert _status(p.stream_req(0, start=3, uuid=12345)) == 0x23
+    assert _status(p.stream_req(0)) == 0
+    assert _status(p.stream_req(0)) == 0x02  # stream exists for (vb, no sid)
+
+
+def test_stream_req_erange_after_rollback_check_and_to_latest() -> None:
+    cluster, p = make(items=20)
+    p.bootstrap()
+    vb = cluster.buckets["default"].vbuckets[0]
+    ds = p.stream_req(0, start=0, end=FOREVER, flags=0x04)  # ToLatest: end := high seqno
+    msgs = stream_messages(ds)
+    assert msgs[-1].name == "DCP_STREAM_END" and msgs[-1].extras["status"] == 0
+    assert max(d.extras.get("by_seqno", 0) for d in msgs) == vb.high_seqno
+
+
+def test_stream_req_value_needs_collections() -> None:
+    _, p = make()
+    p.bootstrap(features=(JSON,), controls={"enable_noop": "true"})
+    assert _status(p.stream_req(0, value={"collections": ["0"]})) == 0x04
+
+
+def test_stream_ids_rules() -> None:
+    _, p = make(items=6)
+    p.bootstrap(controls={"enable_noop": "true", "enable_stream_id": "true"})
+    assert _status(p.stream_req(0)) == 0x8D  # sid required
+    assert _status(p.stream_req(0, value={"sid": 0})) == 0x8D
+    ds = p.stream_req(0, value={"sid": 7})
+    assert _status(ds) == 0
+    msgs = stream_messages(ds)
+    assert msgs and all(d.stream_id == 7 and d.frame.magic == 0x08 for d in msgs)
+    assert _status(p.stream_req(0, value={"sid": 8})) == 0  # a second stream on the same vb
+    assert _status(p.stream_req(0, value={"sid": 7})) == 0x02
+    assert p.status("DCP_CLOSE_STREAM", vbucket=0) == 0x8D  # sid frame missing
+    assert p.status("DCP_CLOSE_STREAM", vbucket=0, stream_id=7) == 0
+    assert p.status("DCP_CLOSE_STREAM", vbucket=0, stream_id=7) == 0x01
+
+
+def test_filter_with_sync_writes_not_supported() -> None:
+    _, p = make()
+    p.bootstrap(controls={"enable_noop": "true", "enable_sync_writes": "true", "consumer_name": "r1"})
+    assert _status(p.stream_req(0, value={"collections": ["0"]})) == 0x83
+
+
+# ---------------------------------------------------------------------------
+# streaming
+
+
+def test_stream_to_end_dedup_and_end_ok() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    for i in range(5):
+        b.mutate("a", {"v": i})
+    b.mutate("b", {"v": 0})
+    b.delete("a")
+    p.bootstrap()
+    ds = p.stream_req(0, end=7)
+    assert _status(ds) == 0
+    msgs = stream_messages(ds)
+    assert names(msgs) == ["DCP_SNAPSHOT_MARKER", "DCP_MUTATION", "DCP_DELETION", "DCP_STREAM_END"]
+    marker = msgs[0]
+    assert (marker.extras["start_seqno"], marker.extras["end_seqno"], marker.extras["flags"]) == (0, 7, 0x06)
+    assert [d.extras["by_seqno"] for d in msgs[1:3]] == [6, 7]
+    assert msgs[-1].extras["status"] == 0
+    assert all(d.frame.opaque == p.opaque for d in msgs)
+
+
+def test_memory_snapshots_follow_new_writes_with_dedup() -> None:
+    cluster, p = make(items=0, vbuckets=1, checkpoint_items=100)
+    b = cluster.buckets["default"]
+    b.mutate("seed")
+    p.bootstrap()
+    ds = p.stream_req(0, start=1, uuid=b.vbuckets[0].uuid)
+    assert names(stream_messages(ds)) == []  # nothing new yet
+    for i in range(3):
+        b.mutate("k", {"i": i})
+    b.mutate("j")
+    p.conn.pump(p.now)
+    msgs = stream_messages(p.drain())
+    assert names(msgs) == ["DCP_SNAPSHOT_MARKER", "DCP_MUTATION", "DCP_MUTATION"]
+    assert (msgs[0].extras["start_seqno"], msgs[0].extras["end_seqno"]) == (1, 5)  # first marker: requested start
+    assert msgs[0].extras["flags"] & 0x01
+    assert [(d.key, d.extras["by_seqno"]) for d in msgs[1:]] == [(b"k", 4), (b"j", 5)]
+    b.mutate("z")
+    p.conn.pump(p.now)
+    msgs = stream_messages(p.drain())
+    assert (msgs[0].extras["start_seqno"], msgs[0].extras["end_seqno"]) == (6, 6)  # later: the first item's seqno
+
+
+def test_deletion_v2_expiration_and_collections_events() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.mutate("a")
+    b.expire("a")
+    b.mutate("c")
+    b.delete("c", delete_time=1234)
+    b.create_collection("fruit", max_ttl=60)
+    b.mutate("apple", collection="fruit")
+    p.bootstrap(open_flags=0x21, controls={"enable_noop": "true", "enable_expiry_opcode": "true"})
+    msgs = stream_messages(p.stream_req(0))
+    assert names(msgs) == ["DCP_SNAPSHOT_MARKER", "DCP_EXPIRATION", "DCP_DELETION", "DCP_SYSTEM_EVENT", "DCP_MUTATION"]
+    assert msgs[2].variant == "v2" and msgs[2].extras["delete_time"] == 1234
+    assert msgs[3].variant == "begin collection v1" and msgs[3].body["max_ttl"] == 60 and msgs[3].key == b"fruit"
+    assert msgs[4].cid == msgs[3].body["collection_id"]
+
+
+def test_legacy_stream_default_collection_only_and_deletion_v1() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.mutate("a")
+    b.expire("a")
+    b.create_collection("fruit")
+    b.mutate("apple", collection="fruit")
+    p.bootstrap(features=(JSON,), controls={"enable_noop": "true", "enable_expiry_opcode": "true"})
+    msgs = stream_messages(p.stream_req(0))
+    assert names(msgs) == ["DCP_SNAPSHOT_MARKER", "DCP_DELETION"]  # expiry as deletion (no delete times)
+    assert msgs[1].variant == "v1" and msgs[1].cid is None
+    b.drop_collection("_default")
+    p2 = Peer(cluster)
+    p2.bootstrap(features=(JSON,))
+    assert _status(p2.stream_req(0)) == 0x88
+
+
+def test_sync_writes_visible_only_with_sync_replication() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.prepare("x", {"v": 1})
+    b.commit("x")
+    b.prepare("y", {"v": 2})
+    b.abort("y")
+    b.mutate("z")
+    p.bootstrap(controls={"enable_noop": "true", "enable_sync_writes": "true", "consumer_name": "replica"})
+    msgs = stream_messages(p.stream_req(0))
+    assert msgs[0].variant == "v2.0" and msgs[0].body["max_visible_seqno"] == 5 and msgs[0].body["high_completed_seqno"] == 3
+    assert names(msgs[1:]) == ["DCP_PREPARE", "DCP_COMMIT", "DCP_ABORT", "DCP_MUTATION"]
+    # without sync replication the commit is a mutation and the rest is hidden
+    q = Peer(cluster)
+    q.bootstrap()
+    msgs = stream_messages(q.stream_req(0))
+    assert msgs[0].variant == "v1"
+    assert [(d.name, d.extras.get("by_seqno")) for d in msgs[1:]] == [("DCP_MUTATION", 2), ("DCP_MUTATION", 5)]
+
+
+def test_marker_v22_and_purge_seqno() -> None:
+    cluster, p = make(items=4, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.delete("doc-0001")
+    b.purge(0)
+    p.bootstrap(controls={"enable_noop": "true", "max_marker_version": "2.2"})
+    msgs = stream_messages(p.stream_req(0))
+    assert msgs[0].variant == "v2.2" and msgs[0].body["purge_seqno"] == 5
+    assert "DCP_DELETION" not in names(msgs)  # purged tombstone not backfilled
+
+
+def test_oso_backfill_of_one_collection() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    cid = b.create_collection("c")
+    for k in ("m", "b", "x", "a"):
+        b.mutate(k, collection="c")
+    b.mutate("other")
+    p.bootstrap(controls={"enable_noop": "true", "enable_out_of_order_snapshots": "true_with_seqno_advanced"})
+    msgs = stream_messages(p.stream_req(0, value={"collections": [f"{cid:x}"]}))
+    assert names(msgs)[0] == "DCP_OSO_SNAPSHOT" and msgs[0].extras["flags"] == 1
+    assert [d.key for d in msgs if d.name == "DCP_MUTATION"] == [b"a", b"b", b"m", b"x"]
+    assert [d.name for d in msgs[-2:]] == ["DCP_OSO_SNAPSHOT", "DCP_SEQNO_ADVANCED"] and msgs[-1].extras["seqno"] == 6
+
+
+def test_snappy_and_no_value() -> None:
+    cluster, p = make(items=3, vbuckets=1)
+    p.bootstrap(features=(COLLECTIONS, JSON, SNAPPY), controls={"enable_noop": "true", "force_value_compression": "true"})
+    muts = [d for d in stream_messages(p.stream_req(0)) if d.name == "DCP_MUTATION"]
+    assert muts and all(d.frame.datatype == 0x03 and isinstance(d.document, dict) for d in muts)
+    q = Peer(cluster)
+    q.bootstrap(open_flags=0x09)
+    muts = [d for d in stream_messages(q.stream_req(0)) if d.name == "DCP_MUTATION"]
+    assert muts and all(d.frame.value == b"" and d.frame.datatype == 0 for d in muts)
+
+
+# ---------------------------------------------------------------------------
+# flow control, noops, stream ends
+
+
+def test_flow_control_arithmetic() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    for i in range(10):
+        b.mutate(f"k{i}", b"v" * 10)
+    p.bootstrap(controls={"enable_noop": "true", "connection_buffer_size": "150"})
+    msgs = stream_messages(p.stream_req(0))
+    sizes = [len(d.frame.raw) for d in msgs]
+    assert sizes[0] == 44  # marker v1
+    # it may send while outstanding < buffer: stops right after crossing 150
+    assert sum(sizes[:-1]) < 150 <= sum(sizes)
+    assert p.conn.bytes_outstanding == sum(sizes)
+    assert all(size == 55 + 2 + 1 + 10 for size in sizes[1:])  # mutation 55 + key (cid + "kN") + value
+    more = stream_messages(p.send(encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": sum(sizes)})))
+    assert more and p.conn.bytes_outstanding == sum(len(d.frame.raw) for d in more)
+
+
+def test_prepare_counts_two_extra_bytes() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.prepare("k", b"vv")
+    p.bootstrap(controls={"enable_noop": "true", "enable_sync_writes": "true", "consumer_name": "r", "connection_buffer_size": "100000"})
+    msgs = stream_messages(p.stream_req(0))
+    assert names(msgs) == ["DCP_SNAPSHOT_MARKER", "DCP_PREPARE"]
+    assert len(msgs[0].frame.raw) == 61  # marker v2.0
+    assert len(msgs[1].frame.raw) == 55 + 2 + 2  # on the wire: 24 + 31 + key (cid + k) + value
+    assert p.conn.bytes_outstanding == 61 + 59 + 2
+
+
+def test_noop_interval_reply_and_idle_disconnect() -> None:
+    _, p = make(items=0, idle_timeout=5.0)
+    p.bootstrap(controls={"enable_noop": "true", "set_noop_interval": "1.0"})
+    assert p.tick(0.5) == []
+    noop = p.tick(0.6)
+    assert names(noop) == ["DCP_NOOP"] and noop[0].frame.opaque == 10000001
+    assert p.tick(1.5) == []  # one pending at a time
+    p.send(encode("DCP_NOOP", response=True, opaque=noop[0].frame.opaque))
+    noop2 = p.tick(1.1)
+    assert noop2[0].frame.opaque == 10000002
+    p.tick(3.0)
+    assert not p.conn.closed
+    p.tick(3.0)  # nothing received for > 5 s
+    assert p.conn.closed and "noop" in p.conn.close_reason
+
+
+def test_close_stream_with_and_without_stream_end() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    p.bootstrap()
+    assert _status(p.stream_req(0)) == 0
+    p.opaque += 1
+    ds = p.send(encode("DCP_CLOSE_STREAM", vbucket=0, opaque=p.opaque))
+    assert names(ds) == ["DCP_CLOSE_STREAM"] and ds[0].frame.status == 0
+    assert p.status("DCP_CLOSE_STREAM", vbucket=0) == 0x01
+    q = Peer(cluster)
+    q.bootstrap(controls={"enable_noop": "true", "send_stream_end_on_client_close_stream": "true"})
+    assert _status(q.stream_req(0)) == 0
+    q.opaque += 1
+    ds = q.send(encode("DCP_CLOSE_STREAM", vbucket=0, opaque=q.opaque))
+    assert names(ds) == ["DCP_CLOSE_STREAM", "DCP_STREAM_END"] and ds[1].extras["status"] == 1
+
+
+def test_failover_ends_stream_state_changed_then_rollback() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    for i in range(10):
+        b.mutate(f"k{i}")
+    p.bootstrap()
+    old_uuid = b.vbuckets[0].uuid
+    msgs = stream_messages(p.stream_req(0))
+    assert msgs[0].extras["end_seqno"] == 10
+    b.failover(0, lose=4)
+    p.conn.pump(p.now)
+    end = stream_messages(p.drain())
+    assert names(end) == ["DCP_STREAM_END"] and end[0].extras["status"] == 2
+    assert b.vbuckets[0].failover_log[0][1] == 6
+    ds = p.stream_req(0, start=8, ss=2, se=10, uuid=old_uuid)
+    rb = next(d for d in ds if d.name == "DCP_STREAM_REQ")
+    assert rb.frame.status == 0x23 and rb.body["rollback_seqno"] == 2  # min(upper=6, snap_start=2)
+    ds = p.stream_req(0, start=10, ss=10, se=10, uuid=old_uuid)
+    assert next(d for d in ds if d.name == "DCP_STREAM_REQ").body["rollback_seqno"] == 6
+    ds = p.stream_req(0, start=6, ss=6, se=6, uuid=old_uuid)
+    assert _status(ds) == 0
+
+
+def test_slow_consumer_stream_end() -> None:
+    cluster, p = make(items=0, vbuckets=1, slow_after=2.0)
+    b = cluster.buckets["default"]
+    for i in range(10):
+        b.mutate(f"k{i}", b"x" * 50)
+    p.bootstrap(controls={"enable_noop": "true", "connection_buffer_size": "100"})
+    assert _status(p.stream_req(0)) == 0
+    assert stream_messages(p.tick(1.0)) == []
+    ds = stream_messages(p.tick(1.5))
+    assert names(ds) == ["DCP_STREAM_END"] and ds[0].extras["status"] == 4
+
+
+def test_filter_empty_when_collection_dropped() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    cid = b.create_collection("c")
+    b.mutate("a", collection="c")
+    p.bootstrap()
+    assert _status(p.stream_req(0, value={"collections": [f"{cid:x}"]})) == 0
+    b.drop_collection("c")
+    p.conn.pump(p.now)
+    msgs = stream_messages(p.drain())
+    assert names(msgs)[-2:] == ["DCP_SYSTEM_EVENT", "DCP_STREAM_END"]
+    assert msgs[-2].variant == "end collection v0" and msgs[-1].extras["status"] == 7
+
+
+def test_takeover_set_vbucket_state_exchange() -> None:
+    cluster, p = make(items=3, vbuckets=1)
+    p.bootstrap()
+    msgs = stream_messages(p.stream_req(0, flags=0x01))
+    assert msgs[-1].name == "DCP_SET_VBUCKET_STATE" and msgs[-1].extras["state"] == 3
+    ds = p.send(encode("DCP_SET_VBUCKET_STATE", response=True, opaque=msgs[-1].frame.opaque))
+    assert names(ds) == ["DCP_SET_VBUCKET_STATE"] and ds[0].extras["state"] == 1
+    assert cluster.buckets["default"].vbuckets[0].state == 4
+    ds = p.send(encode("DCP_SET_VBUCKET_STATE", response=True, opaque=msgs[-1].frame.opaque))
+    assert names(ds) == ["DCP_STREAM_END"] and ds[0].extras["status"] == 0
+
+
+def test_system_events_flatbuffers() -> None:
+    cluster, p = make(items=0, vbuckets=1)
+    b = cluster.buckets["default"]
+    b.create_scope("s")
+    b.create_collection("c", scope="s")
+    b.drop_collection("s.c")
+    p.bootstrap(controls={"enable_noop": "true", "flatbuffers_system_events": "true"})
+    msgs = stream_messages(p.stream_req(0))
+    assert [d.variant for d in msgs[1:4]] == ["create scope v2", "begin collection v2", "end collection v2"]
+    assert msgs[2].body["name"] == "c"
+
+
+# ---------------------------------------------------------------------------
+# malformed input never escapes as an exception
+
+
+def test_malformed_requests() -> None:
+    _, p = make()
+    p.bootstrap()
+    assert p.status("DCP_STREAM_REQ", extras=b"\0" * 10) == 0x04  # wrong extras length
+    assert p.status("DCP_CONTROL", key="enable_noop") == 0x04  # empty value
+    p.send(b"\x42" * 30)
+    assert p.conn.closed
+
+
+def test_random_bytes_never_raise() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        _, p = make(items=2)
+        p.bootstrap()
+        raw = bytearray(encode(rng.choice(["DCP_STREAM_REQ", "DCP_CONTROL", "HELLO", "STAT", "DCP_CLOSE_STREAM"]), opaque=1))
+        for _ in range(rng.randrange(1, 6)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        p.conn.receive(bytes(raw) + bytes(rng.randrange(256) for _ in range(rng.randrange(40))), 0.0)
+        p.conn.data_to_send()
+        assert "internal error" not in p.conn.close_reason
+
+
+# ---------------------------------------------------------------------------
+# bounded output: a client that sends requests and never takes the replies
+
+
+def test_requests_wait_while_the_output_is_backed_up_and_are_answered_in_order_later() -> None:
+    cluster, p = make(items=1, output_limit=8 * 1024)
+    emap = [encode("GET_ERROR_MAP", value=(2).to_bytes(2, "big"), opaque=i) for i in range(1, 201)]  # ~2.4 KB replies
+    reply = len(encode("GET_ERROR_MAP", response=True, value=b"x" * 4000))  # more than one reply
+    p.conn.receive(b"".join(emap), p.now)
+    assert not p.conn.want_read and p.conn.want_write
+    assert p.conn.output_size < cluster.output_limit + reply
+    p.conn.tick(p.now + 1)  # time passing handles nothing more while the output is not taken
+    assert p.conn.output_size < cluster.output_limit + reply
+    opaques: list[int] = []
+    while True:
+        opaques += [d.frame.opaque for d in p.drain()]
+        if not p.conn.want_write:
+            break
+        p.conn.pump(p.now)
+        assert p.conn.output_size < cluster.output_limit + reply
+    assert opaques == list(range(1, 201)) and p.conn.want_read
+
+
+def test_streams_without_flow_control_stop_at_the_output_limit() -> None:
+    cluster, p = make(items=3000, vbuckets=1, output_limit=16 * 1024, max_batch=4096)
+    p.bootstrap(controls={})  # no connection_buffer_size: no flow control
+    p.opaque += 1
+    extras = {"flags": 0, "start_seqno": 0, "end_seqno": FOREVER, "vb_uuid": 0, "snap_start_seqno": 0, "snap_end_seqno": 0}
+    p.conn.receive(encode("DCP_STREAM_REQ", extras=extras, vbucket=0, opaque=p.opaque), p.now)
+    for _ in range(50):  # the edge ticks on while the client takes nothing
+        p.now += 0.05
+        p.conn.tick(p.now)
+        assert p.conn.output_size < cluster.output_limit + cluster.max_batch
+    got = stream_messages(p.drain())
+    assert 0 < len(got) < 3000 and p.conn.want_write  # the rest follows once the output is taken
+    while p.conn.want_write:
+        p.conn.pump(p.now)
+        got += stream_messages(p.drain())
+    assert sum(d.name == "DCP_MUTATION" for d in got) == 3000
+
+
+# ---------------------------------------------------------------------------
+# state x input: table-built frames in every session state never raise, and every request is answered
+# (or is one the producer documents as unanswered, or ends the connection for a documented reason)
+
+REQUEST_MAGICS = {Magic.CLIENT_REQUEST, Magic.ALT_CLIENT_REQUEST}
+RESPONSE_MAGICS = {Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE}
+#: why a producer closes a connection on its client's input (ProducerConnection's rule 2)
+DOCUMENTED_CLOSES = ("client sent QUIT", "on a connection without DCP_OPEN", "invalid data from the client", "unexpected magic")
+CONTROL_CHOICES = [
+    ("enable_noop", "true"),
+    ("enable_stream_id", "true"),
+    ("enable_sync_writes", "true"),
+    ("consumer_name", "replica"),
+    ("connection_buffer_size", "300"),
+    ("send_stream_end_on_client_close_stream", "true"),
+    ("enable_out_of_order_snapshots", "true_with_seqno_advanced"),
+    ("max_marker_version", "2.2"),
+    ("flatbuffers_system_events", "true"),
+    ("enable_expiry_opcode", "true"),
+    ("force_value_compression", "true"),
+]
+OPEN_CHOICES = [
+    OpenFlag.PRODUCER,
+    OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS,
+    OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES,
+    OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_DELETED_USER_XATTRS,
+    OpenFlag.PRODUCER | OpenFlag.NO_VALUE,
+    0,
+]
+FEATURE_CHOICES = [Feature.COLLECTIONS, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.XATTR, Feature.SNAPPY, Feature.SYNC_REPLICATION]
+
+
+#: the table's variants of the commands the producer handles (requests) and of the responses a consumer sends it
+HANDLED_VARIANTS = [
+    (c, r, v)
+    for c, r, v in ALL_VARIANTS
+    if (not r and c.opcode in HANDLED_OPCODES) or (r and c.opcode in (Opcode.DCP_NOOP, Opcode.DCP_SET_VBUCKET_STATE))
+]
+#: go on to the next bootstrap step (mostly)
+ON = st.sampled_from((False, True, True, True))
+
+
+@st.composite
+def session_states(draw: st.DrawFn) -> list[bytes]:
+    """The frames that bring a connection to a drawn state: nothing, HELLO, authenticated, bucket, DCP_OPEN, controls, a stream."""
+    frames = []
+    if draw(st.booleans()):
+        features = draw(st.lists(st.sampled_from(FEATURE_CHOICES), unique=True))
+        frames.append(encode("HELLO", key="hyp", value={"features": [(int(f),) for f in features]}))
+    if not draw(ON):
+        return frames
+    frames.append(encode("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password")))
+    if not draw(ON):
+        return frames
+    frames.append(encode("SELECT_BUCKET", key="default"))
+    if not draw(ON):
+        return frames
+    flags = draw(st.sampled_from(OPEN_CHOICES))
+    frames.append(encode("DCP_OPEN", key="hyp", extras={"flags": int(flags)}))
+    if not flags & OpenFlag.PRODUCER:
+        return frames  # refused (the simulator only produces): DCP commands would close the connection
+    for key, value in draw(st.lists(st.sampled_from(CONTROL_CHOICES), max_size=5)):
+        frames.append(encode("DCP_CONTROL", key=key, value=value))
+    if draw(st.booleans()):
+        extras = {"start_seqno": 0, "end_seqno": FOREVER, "snap_start_seqno": 0, "snap_end_seqno": 0}
+        frames.append(encode("DCP_STREAM_REQ", extras=extras, vbucket=draw(st.integers(0, 1))))
+    return frames
+
+
+@st.composite
+def table_frames(draw: st.DrawFn) -> bytes:
+    """Any frame of the table (requests and responses), with the plain or the alt magic, sometimes to a vbucket that exists."""
+    cmd, response, variant = draw(st.sampled_from(HANDLED_VARIANTS) | st.sampled_from(ALL_VARIANTS))
+    case = draw(mcbp_case(cmd, response, variant))
+    changes: dict[str, Any] = {}
+    if not response and draw(st.booleans()):
+        changes["vbucket"] = draw(st.integers(0, 2))
+    how = draw(st.sampled_from(("plain",) * 5 + ("alt",) * 4 + ("other magic",)))
+    if how == "alt":
+        changes["stream_id"] = draw(st.integers(0, 3))
+    elif how == "other magic":
+        changes["magic"] = int(draw(st.sampled_from(list(Magic))))
+    try:
+        return case.encode(**changes)
+    except EncodeError:  # e.g. a key too long for the alt magic: the frame as the table built it
+        return case.encode()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(prefix=session_states(), frames=st.lists(table_frames(), min_size=1, max_size=12), ticks=st.lists(st.booleans(), max_size=12))
+def test_every_state_and_input(prefix: list[bytes], frames: list[bytes], ticks: list[bool]) -> None:
+    cluster, p = make(items=6, vbuckets=2, idle_timeout=1e9)
+    for f in prefix:
+        p.conn.receive(f, p.now)
+    p.conn.data_to_send()
+    assert not p.conn.closed, p.conn.close_reason
+    for i, raw in enumerate(frames):
+        magic, opcode, opaque = raw[0], raw[1], int.from_bytes(raw[12:16], "big")
+        p.conn.receive(raw, p.now)
+        if i < len(ticks) and ticks[i]:
+            p.now += 0.5
+            p.conn.tick(p.now)
+        out = p.conn.data_to_send()
+        events = p.dec.feed(out)
+        assert all(ev.type == "frame" for ev in events) and sum(len(ev.raw) for ev in events) == len(out)  # every byte a frame
+        assert "internal error" not in p.conn.close_reason, p.conn.close_reason
+        if p.conn.closed:
+            assert any(r in p.conn.close_reason for r in DOCUMENTED_CLOSES), p.conn.close_reason
+            assert p.conn not in cluster.connections
+            break
+        assert p.conn.bytes_outstanding >= 0
+        if magic in REQUEST_MAGICS:
+            answered = any(ev.magic in RESPONSE_MAGICS and ev.opcode == opcode and ev.opaque == opaque for ev in events)
+            assert answered or opcode in UNANSWERED, (Opcode(opcode).name if opcode in spec.COMMANDS else opcode, raw.hex())
+        else:
+            assert magic in RESPONSE_MAGICS  # any other magic closes the connection
+
+
+def test_the_dispatch_table_covers_every_opcode() -> None:
+    """Every command is handled or answered UnknownCommand; the unanswered ones are not ones that expect a response."""
+    assert set(spec.COMMANDS) >= HANDLED_OPCODES and EXPECTS_RESPONSE <= HANDLED_OPCODES
+    assert UNANSWERED <= HANDLED_OPCODES and not UNANSWERED & EXPECTS_RESPONSE
+    _, p = make()
+    p.bootstrap()
+    for opcode in sorted(set(spec.COMMANDS) - HANDLED_OPCODES):
+        assert p.status(opcode) == Status.UNKNOWN_COMMAND, Opcode(opcode).name
+
+
+@pytest.mark.parametrize("module", [cluster_module, producer_module], ids=["cluster", "producer"])
+def test_module_examples_run(module: Any) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_connections_register_with_serials_and_leave_when_closed() -> None:
+    cluster, p = make()
+    q = Peer(cluster)
+    assert (p.conn.serial, q.conn.serial) == (1, 2) and cluster.connections == [p.conn, q.conn]
+    p.conn.close("test")
+    assert cluster.connections == [q.conn]
+    cluster.drop_connections()
+    assert q.conn.closed and q.conn.close_reason == "dropped by scenario" and not cluster.connections
