@@ -22,8 +22,10 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
-from ..protocol.enums import Magic, Opcode, Status
+from ..protocol.enums import Opcode, Status
 from ..protocol.session import CONTEXT_EFFECTS, SESSION_OPS
+from ..protocol.session import REQUEST_MAGICS as _REQUEST_MAGICS
+from ..protocol.session import RESPONSE_MAGICS as _RESPONSE_MAGICS
 from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext, Dissection
 from ..wire.events import Event, Frame
@@ -36,8 +38,6 @@ FRESH = DissectContext(collections=False, xattr=False, snappy=False, json=False,
 #: session requests awaiting their response kept per connection (the oldest are forgotten)
 MAX_PENDING = 1024
 
-_REQUEST_MAGICS = frozenset((int(Magic.CLIENT_REQUEST), int(Magic.ALT_CLIENT_REQUEST)))
-_RESPONSE_MAGICS = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))
 _SASL_AUTH = int(Opcode.SASL_AUTH)
 _SUCCESS = int(Status.SUCCESS)
 

@@ -43,8 +43,10 @@ from typing import Any
 
 from ..flows.session import ConnState
 from ..protocol import spec
-from ..protocol.enums import Feature, Magic, Opcode, OpenFlag, Status
+from ..protocol.enums import Feature, Opcode, OpenFlag, Status
 from ..protocol.rules import MAX_SEQNO, flow_control_size
+from ..protocol.session import REQUEST_MAGICS as _REQUEST_MAGICS
+from ..protocol.session import RESPONSE_MAGICS as _RESPONSE_MAGICS
 from ..protocol.session import SESSION_OPS
 from ..wire.decoder import FrameDecoder
 from ..wire.dissect import dissect
@@ -85,8 +87,6 @@ MAX_STAT_KEYS = 16 * (_MAX_VBUCKET + 1)
 _STREAM_OPAQUE_BASE = 1 << 12
 
 _SUCCESS = int(Status.SUCCESS)
-_REQUEST_MAGICS = frozenset((int(Magic.CLIENT_REQUEST), int(Magic.ALT_CLIENT_REQUEST)))
-_RESPONSE_MAGICS = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))
 _NOOP = int(Opcode.DCP_NOOP)
 _STREAM_REQ = int(Opcode.DCP_STREAM_REQ)
 

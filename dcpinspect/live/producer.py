@@ -48,6 +48,7 @@ from typing import Any
 from ..flows.session import ConnState
 from ..protocol import spec
 from ..protocol.enums import Datatype, Feature, Magic, Opcode, OpenFlag, Status, VBucketState
+from ..protocol.session import REQUEST_MAGICS as _REQUESTS
 from ..protocol.session import SESSION_OPS, control_status
 from ..wire.decoder import FrameDecoder
 from ..wire.dissect import dissect
@@ -91,7 +92,6 @@ _ERROR_ATTRS: dict[int, list[str]] = {
     Status.ROLLBACK: ["special-handling"],
     Status.ETMPFAIL: ["temp", "retry-later"],
 }
-_REQUESTS = frozenset(int(m) for m in (Magic.CLIENT_REQUEST, Magic.ALT_CLIENT_REQUEST))
 _RESPONSES = frozenset(int(m) for m in (Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE))
 _ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)
 _MAGICS = frozenset(spec.MAGICS)

@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .enums import Magic, Opcode, StreamReqFlag
+from .enums import Opcode, StreamReqFlag
+from .session import REQUEST_MAGICS as _REQUESTS
 from .session import STREAM_MESSAGES
 
 __all__ = ["MAX_SEQNO", "RollbackDecision", "flow_control_size", "rollback_decision"]
 
 MAX_SEQNO = 2**64 - 1
 
-_REQUESTS = frozenset((int(Magic.CLIENT_REQUEST), int(Magic.ALT_CLIENT_REQUEST)))
 _PREPARE = int(Opcode.DCP_PREPARE)
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "EXPECTS_RESPONSE",
     "ITEMS",
     "REQUEST_MAGICS",
+    "RESPONSE_MAGICS",
     "SASL_REQUESTS",
     "SEQNO_FIELD",
     "SESSION_OPS",
@@ -117,6 +118,8 @@ SESSION_OPS: frozenset[int] = frozenset(int(op) for op in CONTEXT_EFFECTS)
 SESSION_START_OPS: frozenset[int] = frozenset(int(op) for op in (_.HELLO, _.SASL_LIST_MECHS, _.SASL_AUTH, _.DCP_OPEN, _.SELECT_BUCKET))
 #: the magics of a request from a client (with and without flexible framing extras)
 REQUEST_MAGICS: frozenset[int] = frozenset(int(m) for m in (Magic.CLIENT_REQUEST, Magic.ALT_CLIENT_REQUEST))
+#: the magics of a response to a client request (classic and alt)
+RESPONSE_MAGICS: frozenset[int] = frozenset(int(m) for m in (Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE))
 #: the requests whose value carries SASL secrets (a PLAIN password, a SCRAM proof)
 SASL_REQUESTS: frozenset[int] = frozenset(int(op) for op in (_.SASL_AUTH, _.SASL_STEP))
 #: opcode -> the extras field holding the seqno a frame carries

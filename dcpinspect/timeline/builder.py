@@ -90,25 +90,35 @@ class TimelineBuilder(StreamHandlers):
         self._history.observe_seqno(vbucket, seqno)
 
     # --- input -------------------------------------------------------------------
-    def feed(self, rec: Record) -> None:
-        """Take one record (in record order)."""
+    def feed(
+        self,
+        rec: Record,
+        _frame: type[Frame] = Frame,
+        _header: Callable[[bytes, int], Header] = _HEADER,
+        _responses: frozenset[int] = _RESPONSES,
+        _server: frozenset[int] = _SERVER,
+    ) -> None:
+        """Take one record (in record order).
+
+        (The keyword defaults bind the hot loop's constants as locals: this runs once per frame.)
+        """
         c = self._conns.get(rec.conn)
         if c is None:
             c = self._conn(rec)
         c.last[rec.direction] = rec
         ev = rec.event
-        if ev.__class__ is not Frame:
+        if ev.__class__ is not _frame:
             if ev.type == "gap":
                 c.lost = True
                 c.info.lost += ev.length
             return
         if ev[2] != "mcbp":
             return
-        h = _HEADER(ev[1], 0)
+        h = _header(ev[1], 0)
         magic = h[0]
-        if magic in _RESPONSES:
+        if magic in _responses:
             _RESPONSE[h[1]](self, c, rec, h)
-        elif magic not in _SERVER:
+        elif magic not in _server:
             _REQUEST[h[1]](self, c, rec, h)
 
     def feed_all(self, records: Iterable[Record]) -> TimelineBuilder:

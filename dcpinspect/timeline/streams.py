@@ -12,7 +12,7 @@ own extras struct (``_ITEM_LAYOUTS``) rather than by a full dissection.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..flows.records import Record
 from ..protocol import spec
@@ -42,6 +42,25 @@ _FOLLOWED, _REQUESTED, _CLOSING, _CLOSED = StreamState.FOLLOWED, StreamState.REQ
 _FLOW_EXTRA = {op: flow_control_size(int(Magic.CLIENT_REQUEST), op, 0) for op in STREAM_MESSAGES}
 #: the states in which a stream message other than STREAM_END changes nothing (the fast path: no table lookup)
 _TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
+
+
+def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
+    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
+    out: dict[int, tuple[struct.Struct, int]] = {}
+    for op, name in SEQNO_FIELD.items():
+        for v in spec.COMMANDS[op].request:
+            if v.extras_struct is None or name not in v.extras_names:
+                continue
+            entry = (v.extras_struct, v.extras_names.index(name))
+            key = op << 8 | v.extras_len
+            if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
+                out[key] = (v.extras_struct, -1)
+            else:
+                out.setdefault(key, entry)
+    return {k: v for k, v in out.items() if v[1] >= 0}
+
+
+_ITEM_LAYOUTS = _item_layouts()
 
 
 class StreamHandlers(BuilderCore):
@@ -95,15 +114,28 @@ class StreamHandlers(BuilderCore):
         if len(c.stream_pending) > MAX_STREAM_REQUESTS:
             del c.stream_pending[next(iter(c.stream_pending))]
 
-    def _stream_message(self, c: Conn, rec: Record, h: Header) -> None:
-        """A producer stream message: found its stream (or followed one), charged, checked against the stream's state."""
+    def _stream_message(
+        self,
+        c: Conn,
+        rec: Record,
+        h: Header,
+        _alt: int = ALT_REQUEST,
+        _extra: Mapping[int, int] = _FLOW_EXTRA,
+        _takes: frozenset[StreamState] = _TAKES_DATA,
+        _end: int = _STREAM_END,
+        _sample: type[FlowSample] = FlowSample,
+    ) -> None:
+        """A producer stream message: found its stream (or followed one), charged, checked against the stream's state.
+
+        (The keyword defaults bind the hot loop's constants as locals: this runs once per item.)
+        """
         n = rec.number
         op = h[1]
         vb = h[5]
         opaque = h[7]
         info = c.info
         info.producer_dir = rec.direction
-        if h[0] != ALT_REQUEST:
+        if h[0] != _alt:
             sid = None
             if c.stream_ids:
                 self._anomaly(c, K.STREAM_ID_MISSING, [n], f"{name_of(op)} without a stream id on a connection with stream ids enabled")
@@ -122,7 +154,7 @@ class StreamHandlers(BuilderCore):
                 s = c.by_key.get((vb, sid))
         buf = info.buffer_size
         if buf:  # flow control: the message's size charged against the buffer, by the rule
-            size = len(rec.event[1]) + _FLOW_EXTRA[op]  # type: ignore[index]
+            size = len(rec.event[1]) + _extra[op]  # type: ignore[index]
             if c.outstanding >= buf:
                 msg = f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}"
                 self._anomaly(c, K.FLOW_CONTROL_OVERRUN, [n], msg, s, uncertain=c.ack_ahead)
@@ -132,13 +164,13 @@ class StreamHandlers(BuilderCore):
                 c.outstanding += size - used
             else:
                 c.outstanding += size
-            self._flow.append(FlowSample(info.conn, n, rec.ts, c.outstanding, "sent", size))
+            self._flow.append(_sample(info.conn, n, rec.ts, c.outstanding, "sent", size))
             if c.outstanding >= buf and c.stalled_at is None:
                 c.stalled_at = n
                 c.stall_ts = rec.ts
         if s is None:
             s = self._followed(c, rec, op, vb, sid, opaque)
-        if (s.state not in _TAKES_DATA or op == _STREAM_END) and self._step_message(c, rec, op, s) is None:
+        if (s.state not in _takes or op == _end) and self._step_message(c, rec, op, s) is None:
             return
         STREAM[op](self, c, rec, h, s)
 
@@ -218,18 +250,28 @@ class StreamHandlers(BuilderCore):
         s.snapshots.append(snap)
         s.oso = s.oso_ended = False
 
-    def _item(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
+    def _item(
+        self,
+        c: Conn,
+        rec: Record,
+        h: Header,
+        s: Stream,
+        _layouts: Mapping[int, tuple[struct.Struct, int]] = _ITEM_LAYOUTS,
+        _alt: int = ALT_REQUEST,
+        _hsize: int = _HEADER_SIZE,
+        _new: type[Item] = Item,
+    ) -> None:
         n, op = rec.number, h[1]
-        layout = _ITEM_LAYOUTS.get(op << 8 | h[3])
+        layout = _layouts.get(op << 8 | h[3])
         seqno: int | None
         if layout is not None:  # the table's struct for this layout, read in place (the common case)
-            seqno = layout[0].unpack_from(rec.event[1], _HEADER_SIZE + (h[2] >> 8 if h[0] == ALT_REQUEST else 0))[layout[1]]  # type: ignore[index]
+            seqno = layout[0].unpack_from(rec.event[1], _hsize + (h[2] >> 8 if h[0] == _alt else 0))[layout[1]]  # type: ignore[index]
         else:
             value = self._dissect(rec).extras.get(SEQNO_FIELD.get(op, ""))
             seqno = value if isinstance(value, int) else None
         snaps = s.snapshots
         idx = len(snaps) - 1
-        s.items.append(Item(n, rec.ts, op, seqno, idx))
+        s.items.append(_new(n, rec.ts, op, seqno, idx))
         if c.stream_ids and op in SYNC_WRITES:
             self._anomaly(c, K.SYNC_WRITE_WITH_STREAM_IDS, [n], f"{name_of(op)} on a connection with stream ids enabled", s)
         if seqno is None:
@@ -308,22 +350,6 @@ class StreamHandlers(BuilderCore):
             a.explanation = f"refused: {a.status_name}"
 
 
-def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
-    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
-    out: dict[int, tuple[struct.Struct, int]] = {}
-    for op, name in SEQNO_FIELD.items():
-        for v in spec.COMMANDS[op].request:
-            if v.extras_struct is None or name not in v.extras_names:
-                continue
-            entry = (v.extras_struct, v.extras_names.index(name))
-            key = op << 8 | v.extras_len
-            if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
-                out[key] = (v.extras_struct, -1)
-            else:
-                out.setdefault(key, entry)
-    return {k: v for k, v in out.items() if v[1] >= 0}
-
-
 StreamHandler = Callable[[StreamHandlers, Conn, Record, Header, Stream], None]
 #: stream message opcode -> what it does to its stream once the stream's state allowed it
 STREAM: dict[int, StreamHandler] = {
@@ -333,4 +359,3 @@ STREAM: dict[int, StreamHandler] = {
     int(Opcode.DCP_STREAM_END): StreamHandlers._end,
     int(Opcode.DCP_OSO_SNAPSHOT): StreamHandlers._oso,
 }
-_ITEM_LAYOUTS = _item_layouts()
