@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -60,13 +61,19 @@ class ConnState:
         """Whether the connection's start was seen (its context is known, not guessed)."""
         return self.context.collections is not None
 
-    def observe(self, direction: str, frame: Frame) -> None:
-        """Update the context with a frame seen in ``direction`` (``c2s``/``s2c``)."""
+    def observe(self, direction: str, frame: Frame, dissected: Callable[[], Dissection] | None = None) -> None:
+        """Update the context with a frame seen in ``direction`` (``c2s``/``s2c``).
+
+        A caller that keeps the frame's dissection (in the same context) passes
+        ``dissected``, called only when the tracker needs the fields, so the frame
+        is never dissected twice.
+        """
         if frame.dialect != "mcbp" or frame.opcode not in SESSION_OPS:
             return
+        read = dissected if dissected is not None else partial(dissect, frame, self.context)
         magic = frame.magic
         if magic in _REQUEST_MAGICS:
-            d = dissect(frame, self.context)
+            d = read()
             if frame.opcode == _SASL_AUTH:
                 self.sasl_mechanism = d.key_text
                 return
@@ -77,37 +84,37 @@ class ConnState:
             other = "c2s" if direction == "s2c" else "s2c"
             req = self._pending.pop((other, frame.opcode, frame.opaque), None)
             if req is not None and frame.status == _SUCCESS:
-                _EFFECTS[CONTEXT_EFFECTS[frame.opcode]](self, req, frame)
+                _EFFECTS[CONTEXT_EFFECTS[frame.opcode]](self, req, read)
 
-    def _features(self, req: Dissection, frame: Frame) -> None:
+    def _features(self, req: Dissection, read: Callable[[], Dissection]) -> None:
         del req
-        resp = dissect(frame, self.context)
+        resp = read()
         self.features = tuple(f["feature"] for f in resp.body.get("features", ()))
         self.context = self.context.with_features(self.features)
 
-    def _open_flags(self, req: Dissection, frame: Frame) -> None:
-        del frame
+    def _open_flags(self, req: Dissection, read: Callable[[], Dissection]) -> None:
+        del read
         if isinstance(req.extras.get("flags"), int):
             self.open_name = req.key_text
             self.open_flags = req.extras["flags"]
             self.context = self.context.with_open_flags(self.open_flags)
 
-    def _controls(self, req: Dissection, frame: Frame) -> None:
-        del frame
+    def _controls(self, req: Dissection, read: Callable[[], Dissection]) -> None:
+        del read
         key, value = req.key_text, str(req.document) if req.document is not None else ""
         self.controls[key] = value
         if key == "enable_stream_id" and value == "true":
             self.context = replace(self.context, stream_ids=True)
 
-    def _bucket(self, req: Dissection, frame: Frame) -> None:
-        del frame
+    def _bucket(self, req: Dissection, read: Callable[[], Dissection]) -> None:
+        del read
         self.bucket = req.key_text
 
-    def _nothing(self, req: Dissection, frame: Frame) -> None:
-        del req, frame
+    def _nothing(self, req: Dissection, read: Callable[[], Dissection]) -> None:
+        del req, read
 
 
-_EFFECTS: dict[str, Callable[[ConnState, Dissection, Frame], None]] = {
+_EFFECTS: dict[str, Callable[[ConnState, Dissection, Callable[[], Dissection]], None]] = {
     "features": ConnState._features,
     "open_flags": ConnState._open_flags,
     "controls": ConnState._controls,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -149,7 +150,7 @@ class TimelineBuilder(StreamHandlers):
 
     def _session(self, c: Conn, rec: Record, h: Header) -> None:
         """HELLO, DCP_OPEN, SELECT_BUCKET, SASL_AUTH, DCP_CONTROL (either way): the connection context follows them."""
-        c.state.observe(rec.direction, rec.event)  # type: ignore[arg-type]
+        c.state.observe(rec.direction, rec.event, partial(self._dissect, rec))  # type: ignore[arg-type]
         st, info = c.state, c.info
         info.sasl_mechanism, info.bucket = st.sasl_mechanism, st.bucket
         info.features = [spec.FEATURES.get(f, hex(f)) for f in st.features]
