@@ -40,7 +40,7 @@ from dcpinspect.spark.frametable import renumber_task, spark_batch
 from dcpinspect.spark.numbering import KSHIFT, Numbering, Options
 from dcpinspect.spark.passes import keys_task, read_keys
 from dcpinspect.spark.pipeline import Pipeline, register_data_source
-from dcpinspect.spark.session import expand_paths, get_session
+from dcpinspect.spark.session import expand_paths
 from dcpinspect.spark.stages import SEG_INPUT, range_segments, split_file
 from dcpinspect.tables.schema import SPARK_SCHEMA
 
@@ -48,11 +48,6 @@ pytestmark = pytest.mark.spark
 
 SHIPPED = sorted(str(p) for p in CAPTURES.glob("*.pcap"))
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}
-
-
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    return get_session(cores=2)
 
 
 def conversation(n: int, *, vb: int, opaque: int, collections: bool = False) -> list[Msg]:
