@@ -40,7 +40,7 @@ from dcpinspect.live.proxy import TapProxy
 from dcpinspect.live.resume import ResumeState
 from dcpinspect.live.sasl import plain_payload
 from dcpinspect.live.sim import Simulator, SimulatorThread
-from dcpinspect.protocol import spec
+from dcpinspect.protocol.enums import Feature, OpenFlag, Status
 from dcpinspect.protocol.rules import flow_control_size
 from dcpinspect.wire.decoder import FrameDecoder
 from dcpinspect.wire.dissect import dissect
@@ -50,7 +50,7 @@ from dcpinspect.wire.events import Frame
 HERE = Path(__file__).parent
 USER, PASSWORD = "Administrator", "password"
 FOREVER = 2**64 - 1
-COLLECTIONS = spec.FEATURE_COLLECTIONS
+COLLECTIONS = Feature.COLLECTIONS
 #: seconds after which a wait is a failure: a deadline that turns a hang into an error, never a pace
 DEADLINE = 60.0
 
@@ -257,14 +257,14 @@ class Scripted:
         for name, kw in (
             ("SASL_AUTH", {"key": "PLAIN", "value": plain_payload(USER, PASSWORD)}),
             ("SELECT_BUCKET", {"key": "default"}),
-            ("DCP_OPEN", {"key": self.name, "extras": {"seqno": 0, "flags": spec.OPEN_PRODUCER}}),
+            ("DCP_OPEN", {"key": self.name, "extras": {"seqno": 0, "flags": OpenFlag.PRODUCER}}),
         ):
             d = await self.request(name, **kw)
-            assert d.frame.status == spec.SUCCESS, (name, d.frame.status)
-        self.ctx = self.ctx.with_open_flags(spec.OPEN_PRODUCER)
+            assert d.frame.status == Status.SUCCESS, (name, d.frame.status)
+        self.ctx = self.ctx.with_open_flags(OpenFlag.PRODUCER)
         for key, value in controls:
             d = await self.request("DCP_CONTROL", key=key, value=value.encode())
-            assert d.frame.status == spec.SUCCESS, (key, d.frame.status)
+            assert d.frame.status == Status.SUCCESS, (key, d.frame.status)
             if key == "enable_stream_id":
                 self.ctx = dataclasses.replace(self.ctx, stream_ids=True)
             if key == "connection_buffer_size":
@@ -438,7 +438,7 @@ def stream_ids(out: Path) -> None:
                     c.send_stream(1, end=high[1], value={"sid": 3}),
                 ]
                 for opaque in opaques:
-                    assert (await c.response(opaque)).frame.status == spec.SUCCESS
+                    assert (await c.response(opaque)).frame.status == Status.SUCCESS
                 await c.until_end((0, 1), (0, 2), (1, 3))
 
         run(scenario())
@@ -509,7 +509,7 @@ def sync_writes(out: Path) -> None:
                 high = lv.sim.call(lambda: b.vbuckets[0].high_seqno)
                 await c.until(seen(c, high), "the last seqno")
                 d = await c.request("DCP_CLOSE_STREAM", vbucket=0)
-                assert d.frame.status == spec.SUCCESS
+                assert d.frame.status == Status.SUCCESS
 
         run(scenario())
 
@@ -575,7 +575,7 @@ def stream_ends(out: Path) -> None:
                 await c.stream(1)  # Closed after CLOSE_STREAM
                 await c.until(lambda: any(d.frame.vbucket == 1 and _seqno_of(d) == high[1] for d in c.received), "vb 1 caught up")
                 closed = await c.request("DCP_CLOSE_STREAM", vbucket=1)
-                assert closed.frame.status == spec.SUCCESS
+                assert closed.frame.status == Status.SUCCESS
                 await c.until_end((1, None))
                 await c.stream(2)  # StateChanged on failover
                 await c.until(lambda: any(d.frame.vbucket == 2 and _seqno_of(d) == high[2] for d in c.received), "vb 2 caught up")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from dcpinspect import DissectContext, encode
 from dcpinspect.protocol import spec
+from dcpinspect.protocol.enums import OpenFlag, Status
 from dcpinspect.protocol.fields import BYTES, ENUM, FLAGS, INT, TEXT, Command, Field, Group, Variant
 from dcpinspect.protocol.upr import UPR_BODIES
 from dcpinspect.wire.framing import encode_leb128
@@ -318,7 +319,7 @@ plain_part = st.text(string.ascii_letters + string.digits + "@.-", max_size=10)
 @st.composite
 def mcbp_case(draw: st.DrawFn, cmd: Command, response: bool, v: Variant) -> Case:
     """A frame of variant ``v`` that keeps every rule of the table."""
-    status = dict(v.when).get("status", spec.SUCCESS) if response else 0
+    status = dict(v.when).get("status", Status.SUCCESS) if response else 0
     # extras: selectors fixed, every other field drawn within its rules, then the checks
     extras = draw(fields_dict(v.extras, selectors(v)))
     fix_checks(extras, v.checks)
@@ -344,7 +345,7 @@ def mcbp_case(draw: st.DrawFn, cmd: Command, response: bool, v: Variant) -> Case
         document = text if text else NOT_CHECKED
     elif kind in ("json", "json?"):
         if cmd.opcode == 0x50:  # DCP_OPEN: only consumer_name, only on consumer connections, datatype JSON
-            obj = {"consumer_name": draw(small_text)} if not extras["flags"] & spec.OPEN_PRODUCER and draw(st.booleans()) else None
+            obj = {"consumer_name": draw(small_text)} if not extras["flags"] & OpenFlag.PRODUCER and draw(st.booleans()) else None
             datatype = 0x01 if obj is not None else 0
         elif cmd.opcode == 0x53:
             obj = draw(st.none() | stream_req_json())

@@ -109,9 +109,6 @@ STATUS: dict[int, str] = {
     0xA3: "SyncWriteAmbiguous",
     0xA4: "SyncWriteReCommitInProgress",
 }
-SUCCESS = 0x00
-ROLLBACK = 0x23
-AUTH_CONTINUE = 0x21
 
 # ---------------------------------------------------------------------------
 # §4.1 HELLO features
@@ -151,10 +148,6 @@ FEATURES: dict[int, str] = {
     **{c: f"capability 0x{c:02x} (subdoc/range-scan/random-key/MutateWithMeta)" for c in range(0x20, 0x26)},
     0x26: "DcpSkipDeletesInInitialBackfill",
 }
-FEATURE_COLLECTIONS = 0x12
-FEATURE_XATTR = 0x06
-FEATURE_SNAPPY = 0x0A
-FEATURE_JSON = 0x0B
 
 # ---------------------------------------------------------------------------
 # §1.3 flexible framing extras: frame-info ids and their payloads
@@ -233,9 +226,6 @@ DCP_OPEN_FLAGS: dict[int, str] = {
     0x100: "include deleted user xattrs",
     0x200: "skip deletes in initial backfill",
 }
-OPEN_PRODUCER = 0x01
-OPEN_INCLUDE_XATTRS = 0x04
-OPEN_INCLUDE_DELETE_TIMES = 0x20
 
 STREAM_REQ_FLAGS: dict[int, str] = {
     0x001: "takeover",

@@ -43,7 +43,7 @@ from ..capture.read import read_chunks
 from ..flows.reassembly import DEFAULT_SERVER_PORTS, TS_MAX, TS_UNKNOWN
 from ..flows.records import CaptureStats, RecordChunk, gc_paused
 from ..protocol import spec
-from ..protocol.enums import Datatype, Magic
+from ..protocol.enums import Datatype, Magic, Status
 from ..protocol.fields import (
     ENUM,
     FLAGS,
@@ -143,7 +143,7 @@ def _plan(magic: int, opcode: int, extlen: int, status: int, ctx: DissectContext
     if magic not in _CLASSIC:  # framing extras (stream ids, durability): dissect
         return None
     response = magic == Magic.CLIENT_RESPONSE
-    if response and status != spec.SUCCESS:
+    if response and status != Status.SUCCESS:
         return None
     cmd, name, _title = command_names(opcode, magic)
     if cmd is None or (cmd.obsolete and not response):

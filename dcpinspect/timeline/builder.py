@@ -22,7 +22,7 @@ from typing import Any
 
 from ..flows.records import Record
 from ..protocol import spec
-from ..protocol.enums import Magic, Opcode, Status
+from ..protocol.enums import Magic, Opcode, OpenFlag, Status
 from ..protocol.session import EXPECTS_RESPONSE, STREAM_MESSAGES
 from ..wire.events import Frame
 from .core import MAX_PENDING, OTHER, Conn, Header, elapsed, merge_repeat, name_of, requested_frames
@@ -156,7 +156,7 @@ class TimelineBuilder(StreamHandlers):
         info.features = [spec.FEATURES.get(f, hex(f)) for f in st.features]
         if st.open_flags is not None:
             info.name, info.open_flags = st.open_name, st.open_flags
-            info.side = "producer" if st.open_flags & spec.OPEN_PRODUCER else "consumer"
+            info.side = "producer" if st.open_flags & OpenFlag.PRODUCER else "consumer"
         buffer, noop = st.controls.get(_BUFFER_KEY), st.controls.get(_NOOP_KEY)
         if buffer is not None and buffer.isdigit():
             info.buffer_size = int(buffer)

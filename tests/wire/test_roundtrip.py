@@ -35,6 +35,7 @@ from strategies import (
 
 from dcpinspect import DissectContext, Frame, decode, dissect, encode
 from dcpinspect.protocol import spec
+from dcpinspect.protocol.enums import OpenFlag, Status
 from dcpinspect.protocol.fields import ENUM, FLAGS, Command, Field, Group, Variant
 from dcpinspect.wire.framing import encode_leb128
 
@@ -209,7 +210,7 @@ def test_response_frame_info_2_is_not_a_stream_id(data: st.DataObject, units: in
 @PROPERTY
 @given(
     opcode=st.sampled_from(sorted(spec.COMMANDS)),
-    status=st.sampled_from(sorted(set(spec.STATUS) - {spec.SUCCESS})) | st.integers(1, 0xFFFF),
+    status=st.sampled_from(sorted(set(spec.STATUS) - {Status.SUCCESS})) | st.integers(1, 0xFFFF),
     body=st.sampled_from([b"", b"not my vbucket", b'{"error":{"context":"no such key","ref":"1234"}}']),
     opaque=st.integers(0, 2**32 - 1),
 )
@@ -419,7 +420,7 @@ def _open_case(data: st.DataObject, *, producer: bool) -> tuple[Case, dict[str, 
     cmd = spec.COMMANDS[0x50]
     case = data.draw(mcbp_case(cmd, False, cmd.request[0]), label="case")
     extras = dict(case.extras)
-    extras["flags"] = (extras["flags"] | spec.OPEN_PRODUCER) if producer else extras["flags"] & ~(spec.OPEN_PRODUCER | 0x200)
+    extras["flags"] = (extras["flags"] | OpenFlag.PRODUCER) if producer else extras["flags"] & ~(OpenFlag.PRODUCER | 0x200)
     return case, extras
 
 
