@@ -11,7 +11,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from dcpinspect import encode
+from dcpinspect import decode, encode
+from dcpinspect.protocol.rules import flow_control_size
 from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.wire.examples import example
 
@@ -75,12 +76,14 @@ def session() -> list[Message]:
         vbucket=3,
         opaque=0x1000,
         extras={"by_seqno": 4, "rev_seqno": 2, "delete_time": 0},
-        key="airline_10",
+        key="airline_24",  # within a snapshot a key appears once (kv_engine docs/dcp, snapshot marker)
         cid=8,
         cas=0x17A0C5E8F2B40010,
     )
     m.append(("s2c", items))
-    rr(encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": 300}), b"")
+    # acknowledge exactly the bytes received: every stream message counts in full (kv_engine docs/dcp, flow control)
+    received = sum(flow_control_size(f.magic, f.opcode, f.length) for f in decode(items))
+    rr(encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": received}), b"")
     m.append(("s2c", encode("DCP_NOOP", opaque=10000001)))
     m.append(("c2s", encode("DCP_NOOP", response=True, opaque=10000001)))
     return [x for x in m if x[1]]

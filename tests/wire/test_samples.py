@@ -46,6 +46,7 @@ def test_session_sample() -> None:
     assert 0x12 in state.features and state.open_flags == 0x21 and state.bucket == "travel-sample"
     muts = [d for d in ds if d.name == "DCP_MUTATION"]
     assert [(d.cid, d.key_text) for d in muts] == [(8, "airline_10"), (8, "airline_137")]
+    assert next(d for d in ds if d.name == "DCP_DELETION").key_text == "airline_24"  # a key once per snapshot
     dele = next(d for d in ds if d.name == "DCP_DELETION")
     assert dele.variant == "v2" and dele.cid == 8
     auth = next(d for d in ds if d.name == "SASL_AUTH" and d.role == "request")
