@@ -12,8 +12,8 @@ import struct
 from pathlib import Path
 
 from dcpinspect import decode, encode
-from dcpinspect.protocol.rules import flow_control_size
 from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.protocol.rules import flow_control_size
 from dcpinspect.wire.examples import example
 
 HERE = Path(__file__).parent

@@ -217,11 +217,18 @@ def _client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", metavar="FILE", help="resume from / save the resume state to this JSON file")
     p.add_argument("--pcap", metavar="OUT", help="also write the connection to this pcap file")
     p.add_argument("--json", action="store_true", help="one JSON object per frame (the columns of `dcpinspect frames --json`)")
+    p.add_argument(
+        "--single-node",
+        action="store_true",
+        help="stream only from HOST:PORT; do not follow the cluster map to the other data nodes",
+    )
     p.set_defaults(func=_client)
 
 
 #: the consumer events the client prints (without --json)
-_SHOWN = frozenset({"authenticated", "control_rejected", "stream_started", "rollback", "stream_end", "stream_failed", "malformed"})
+_SHOWN = frozenset(
+    {"authenticated", "control_rejected", "cluster_map", "moved", "stream_started", "rollback", "stream_end", "stream_failed", "malformed"}
+)
 
 
 def _client(args: argparse.Namespace, console: Console) -> int:
@@ -242,7 +249,14 @@ def _client(args: argparse.Namespace, console: Console) -> int:
     if password is None:
         err.write(f"dcpinspect client: error: no password: set the environment variable {args.password_env}\n")
         return 2
-    config = ConsumerConfig(bucket=args.bucket, user=args.user, password=password, vbuckets=vbuckets, to_latest=args.to_latest)
+    config = ConsumerConfig(
+        bucket=args.bucket,
+        user=args.user,
+        password=password,
+        vbuckets=vbuckets,
+        to_latest=args.to_latest,
+        cluster_map=not args.single_node,
+    )
 
     def on_record(rec: Any) -> None:
         out.write("".join(line + "\n" for line in record_lines([rec], as_json=True)))
@@ -273,10 +287,8 @@ def _client(args: argparse.Namespace, console: Console) -> int:
     except OSError as exc:
         err.write(f"dcpinspect client: error: {safe_text(str(exc))}\n")
         return 2
-    consumer = client.consumer
-    assert consumer is not None
     failed = 0
-    for vb, st in sorted(consumer.streams.items()):
+    for vb, st in sorted(client.streams.items()):  # every node's streams, each from the connection that streams it now
         failed += st.status == "failed"
         if args.json:
             continue

@@ -5,6 +5,14 @@
 2. :func:`flow_control_size` is what a producer charges a message to the
    consumer's flow-control buffer.
 3. ``MAX_SEQNO`` is the largest seqno (an open-ended stream's end).
+4. :func:`from_latest` is the producer's rewrite of a FromLatest stream
+   request before that check, and :func:`client_purge_seqno` how it reads the
+   ``purge_seqno`` of a stream request's value.
+5. ``STREAM_ID_MESSAGES`` are the stream messages that carry the stream-id
+   frame on a connection with stream ids.
+6. ``KEY_SPACES`` and ``DUPLICATES_ALLOWED`` are the dedup rule: within one
+   snapshot a key appears once per key space, unless its marker carries one
+   of those flags.
 
 >>> rollback_decision(start=3, snap_start=1, snap_end=4, vb_uuid=1111, failover_log=[(2222, 3), (1111, 0)], high_seqno=10, purge_seqno=0)
 RollbackDecision(rollback=True, seqno=1, reason='history diverged at seqno 3 (uuid 1111 superseded); rollback to min(upper=3, snap_start=1)')
@@ -12,18 +20,48 @@ RollbackDecision(rollback=True, seqno=1, reason='history diverged at seqno 3 (uu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .enums import Opcode, StreamReqFlag
+from .enums import Opcode, SnapshotFlag, StreamReqFlag
 from .session import REQUEST_MAGICS as _REQUESTS
 from .session import STREAM_MESSAGES
+from .spec import HEADER_SIZE
 
-__all__ = ["MAX_SEQNO", "RollbackDecision", "flow_control_size", "rollback_decision"]
+__all__ = [
+    "DUPLICATES_ALLOWED",
+    "KEY_SPACES",
+    "MAX_SEQNO",
+    "STREAM_ID_MESSAGES",
+    "RollbackDecision",
+    "client_purge_seqno",
+    "flow_control_size",
+    "from_latest",
+    "rollback_decision",
+]
 
 MAX_SEQNO = 2**64 - 1
 
-_PREPARE = int(Opcode.DCP_PREPARE)
+_PREPARE, _CACHE_TRANSFER_END = int(Opcode.DCP_PREPARE), int(Opcode.DCP_CACHE_TRANSFER_END)
+
+#: the stream messages that carry the stream-id frame (``22 hi lo``) when the connection enabled stream ids: not
+#: DCP_SET_VBUCKET_STATE (kv_engine engines/ep/src/dcp/response.h ``SetVBucketState``: no sid), nor the sync-write
+#: messages (a connection has stream ids or sync writes, never both)
+STREAM_ID_MESSAGES: frozenset[int] = frozenset(
+    STREAM_MESSAGES - {int(op) for op in (Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_PREPARE, Opcode.DCP_COMMIT, Opcode.DCP_ABORT)}
+)
+
+
+#: item opcode -> its key space within a snapshot: kv_engine keeps committed items and prepares apart (a checkpoint's
+#: committed and prepared key indexes, engines/ep/src/checkpoint.cc ``queueDirty``; a disk snapshot's two namespaces),
+#: so a key may appear once in each; a commit over an item of the same key opens a new checkpoint (a new snapshot)
+KEY_SPACES: Mapping[int, int] = {
+    **dict.fromkeys((int(op) for op in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_COMMIT)), 0),
+    **dict.fromkeys((int(op) for op in (Opcode.DCP_PREPARE, Opcode.DCP_ABORT)), 1),
+}
+#: marker flags under which a snapshot may deliver a key more than once (change streams: History, MayContainDuplicates)
+DUPLICATES_ALLOWED = int(SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES)
 
 
 def flow_control_size(magic: int, opcode: int, length: int) -> int:
@@ -31,11 +69,58 @@ def flow_control_size(magic: int, opcode: int, length: int) -> int:
 
     The full length for every stream message (markers, items, system events,
     seqno-advanced, OSO, stream-end, set-vbucket-state, cache transfer), plus 2
-    for a DCP_PREPARE (MB-46634); 0 for noops, responses and anything else.
+    for a DCP_PREPARE (MB-46634); a DCP_CACHE_TRANSFER_END is charged its 24
+    header bytes even when it carries a stream id (kv_engine
+    engines/ep/src/dcp/response.h ``CacheTransferToActiveStreamResponse``);
+    0 for noops, responses and anything else.
     """
     if magic not in _REQUESTS or opcode not in STREAM_MESSAGES:
         return 0
-    return length + 2 if opcode == _PREPARE else length
+    if opcode == _PREPARE:
+        return length + 2
+    return HEADER_SIZE if opcode == _CACHE_TRANSFER_END else length
+
+
+def client_purge_seqno(value: Any) -> int | None:
+    """The ``purge_seqno`` a producer reads from a stream request's JSON value (``None``: none given, or one it refuses).
+
+    kv_engine (engines/ep/src/collections/vbucket_filter.cc) takes it only as a
+    string and reads it with ``std::stoull``: leading blanks, an optional sign
+    and the leading digits (a minus wraps round); a number is refused (EINVAL).
+
+    >>> client_purge_seqno({"purge_seqno": "23"}), client_purge_seqno({"purge_seqno": 23}), client_purge_seqno({})
+    (23, None, None)
+    """
+    raw = value.get("purge_seqno") if isinstance(value, dict) else None
+    if not isinstance(raw, str):
+        return None
+    text = raw.lstrip(" \t\n\v\f\r")
+    sign = text[:1] if text[:1] in ("+", "-") else ""
+    digits = text[len(sign) :]
+    n = len(digits) - len(digits.lstrip("0123456789"))
+    if n == 0:
+        return None
+    seqno = int(digits[:n])
+    if seqno > MAX_SEQNO:
+        return None  # out of range: std::stoull throws
+    return (-seqno) % (MAX_SEQNO + 1) if sign == "-" else seqno
+
+
+def from_latest(
+    *, flags: int, start: int, snap_start: int, snap_end: int, vb_uuid: int, high_seqno: int, latest_uuid: int
+) -> tuple[int, int, int, int]:
+    """(start, snap_start, snap_end, vb_uuid) as the producer checks a stream request: FromLatest rewritten.
+
+    With flag 0x40 FromLatest the start and the snapshot become the vbucket's
+    high seqno, and a uuid of 0 the newest failover entry's (kv_engine
+    engines/ep/src/dcp/producer.cc ``streamRequest``, before the rollback check).
+
+    >>> from_latest(flags=0x40, start=0, snap_start=0, snap_end=0, vb_uuid=0, high_seqno=9, latest_uuid=7)
+    (9, 9, 9, 7)
+    """
+    if not flags & StreamReqFlag.FROM_LATEST:
+        return start, snap_start, snap_end, vb_uuid
+    return high_seqno, high_seqno, high_seqno, vb_uuid or latest_uuid
 
 
 @dataclass(frozen=True, slots=True)

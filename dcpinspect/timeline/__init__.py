@@ -31,8 +31,10 @@ Rules:
    table does not allow becomes an anomaly, never an exception.
 5. Protocol facts and rules are not written here: opcodes, statuses and flags
    come from :mod:`~dcpinspect.protocol.enums`, behaviour sets from
-   :mod:`~dcpinspect.protocol.session`, the rollback rule and the flow-control
-   sizes from :mod:`~dcpinspect.protocol.rules`, and the connection context
+   :mod:`~dcpinspect.protocol.session`, the rollback rule, the flow-control
+   sizes and the dedup rule from :mod:`~dcpinspect.protocol.rules`, how each
+   request is answered (once, several times, maybe not at all) from
+   :mod:`~dcpinspect.protocol.exchanges`, and the connection context
    from the one tracker, :class:`~dcpinspect.flows.session.ConnState`.
 6. Every anomaly names its frames; what may be the capture's fault (bytes
    lost before it, the connection's start not captured) is marked uncertain.

@@ -29,6 +29,8 @@ __all__ = [
     "ALT_REQUEST",
     "MAX_FRAMES",
     "MAX_PENDING",
+    "MAX_SHARED",
+    "MAX_SNAPSHOT_KEYS",
     "MAX_STREAM_REQUESTS",
     "OTHER",
     "BuilderCore",
@@ -41,7 +43,9 @@ __all__ = [
 ]
 
 MAX_FRAMES = 1000  # frame numbers kept per (merged) anomaly
-MAX_PENDING = 4096  # requests awaiting an answer kept per connection (the oldest are forgotten)
+MAX_PENDING = 4096  # opaques with requests awaiting an answer kept per connection (the oldest are forgotten)
+MAX_SHARED = 64  # requests awaiting an answer kept per opaque (pipelined requests sharing one; the oldest are forgotten)
+MAX_SNAPSHOT_KEYS = 1 << 16  # keys remembered per snapshot for the dedup check (beyond: not checked further)
 MAX_STREAM_REQUESTS = 1 << 17  # the same for STREAM_REQ / CLOSE_STREAM: one per vbucket (2^16) at once, and then some
 ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)  # the magic whose frames may carry a stream id
 OTHER = {"c2s": "s2c", "s2c": "c2s"}  # the direction an answer travels
@@ -54,13 +58,19 @@ class Conn:
 
     info: ConnectionInfo
     state: ConnState  # the connection context, from the one tracker
-    # (dir, opaque) -> (opcode, what its answer needs, frame)
-    pending: dict[tuple[str, int], tuple[int, Any, int]] = field(default_factory=dict)
+    # (dir, opaque) -> the requests awaiting an answer with that opaque, oldest first (pipelined requests may share
+    # one): [(opcode, what its answer needs, frame)]
+    pending: dict[tuple[str, int], list[tuple[int, Any, int]]] = field(default_factory=dict)
     # STREAM_REQ / CLOSE_STREAM in flight, apart (light, and as many as there are streams: a request per vbucket at once):
     # (dir, opaque) -> (opcode, frame, the stream it was for) - the answer finds its stream without a scan of them all
     stream_pending: dict[tuple[str, int], tuple[int, int, Stream | None]] = field(default_factory=dict)
     by_opaque: dict[int, Stream] = field(default_factory=dict)
     by_key: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
+    # (vbucket, stream id) -> the closed segment a new request replaces: it still takes what the producer had queued
+    # (and its STREAM_END(Closed)) until the new request is answered
+    draining: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
+    # id(stream) -> (its snapshot index, key -> frame of the keys delivered in that snapshot): the dedup check
+    snapshot_keys: dict[int, tuple[int, dict[Any, int]]] = field(default_factory=dict)
     stream_ids: bool = False
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer
@@ -72,6 +82,9 @@ class Conn:
     # the excess is credited to the next bytes sent, and overruns become uncertain
     ack_credit: int = 0
     ack_ahead: bool = False
+    # acks beyond the bytes received, not judged yet: [frame, ts, excess, acked, outstanding then]; stream messages
+    # captured after the ack but sent before it (an earlier timestamp) explain the excess, a later one confirms it
+    over_acks: list[list[int]] = field(default_factory=list)
     unknown: dict[int, Anomaly] = field(default_factory=dict)  # opcode -> its "unknown opcode" anomaly
 
 
@@ -141,6 +154,23 @@ class BuilderCore:
                 return None
         s.state = nxt
         return nxt
+
+    def _over_acked(self, c: Conn, rec: Record, size: int) -> None:
+        """A stream message of ``size`` bytes after acks beyond the bytes received: explains them, or confirms them."""
+        waiting = c.over_acks
+        while waiting:
+            first = waiting[0]
+            if TS_UNKNOWN not in (rec.ts, first[1]) and rec.ts > first[1]:
+                # sent after the ack: the consumer had acknowledged bytes it had not received
+                n, _ts, _excess, acked, outstanding = first
+                msg = f"buffer ack of {acked} bytes with {outstanding} received and not yet acknowledged"
+                self._anomaly(c, K.ACK_BEYOND_RECEIVED, [n], msg)
+                del waiting[0]
+                continue
+            first[2] -= size  # sent before the ack (the capture put it after): these are the bytes acknowledged
+            if first[2] <= 0:
+                del waiting[0]
+            return
 
     def _violation(self, c: Conn, s: Stream, kind: K, inp: Input, n: int, op: int) -> None:
         if kind is K.STREAM_ALREADY_OPEN:

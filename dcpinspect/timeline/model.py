@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from ..protocol.session import STREAM_END_NORMAL, STREAM_END_REREQUEST
+
 __all__ = [
     "Anomaly",
     "AnomalyKind",
@@ -57,9 +59,11 @@ class AnomalyKind(StrEnum):
     ITEM_BEFORE_MARKER = "item before marker"
     SEQNO_NOT_INCREASING = "seqno not increasing"
     BEYOND_END_SEQNO = "beyond end seqno"
+    DUPLICATE_KEY = "key twice in snapshot"
     # flow control
     FLOW_CONTROL_OVERRUN = "flow-control overrun"
     FLOW_CONTROL_STALL = "flow-control stall"
+    ACK_BEYOND_RECEIVED = "ack beyond bytes received"
 
 
 class StreamState(StrEnum):
@@ -136,6 +140,9 @@ class Attempt:
     response_frame: int | None = None
     explanation: str = ""
     predicted: int | None = None  # the rollback seqno the rule predicts from what was seen (None: cannot tell)
+    # whether the stream streams only some collections (a filter, or a legacy stream: the default collection), so the
+    # purge exemption of the rollback rule may apply (None: the connection's features were not captured)
+    filtered: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (the ``attempts`` entries of ``dcpinspect timeline --json``)."""
@@ -222,6 +229,22 @@ class Stream:
     def active(self) -> bool:
         """Whether the stream is open (a successful attempt, or data without a captured request, and no end yet)."""
         return self.state in _ACTIVE
+
+    @property
+    def end_action(self) -> str | None:
+        """What a consumer does after the stream's DCP_STREAM_END: ``"stop"``, ``"re-request"``, ``"unexpected"``, or ``None`` (no end).
+
+        From the stream-end sets of :mod:`dcpinspect.protocol.session`; a
+        status in neither set is one a producer never puts on the wire
+        (Disconnected: the reason a stream ends when its connection goes) or
+        one the table does not know.
+        """
+        if self.end is None:
+            return None
+        status = self.end.get("status")
+        if status in STREAM_END_NORMAL:
+            return "stop"
+        return "re-request" if status in STREAM_END_REREQUEST else "unexpected"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (one object of ``dcpinspect timeline --json``)."""

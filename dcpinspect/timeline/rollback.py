@@ -16,7 +16,7 @@ from bisect import bisect_left, bisect_right
 from operator import itemgetter
 from typing import Any
 
-from ..protocol.rules import MAX_SEQNO, rollback_decision
+from ..protocol.rules import MAX_SEQNO, client_purge_seqno, from_latest, rollback_decision
 from .model import Attempt, Branch, Stream
 
 __all__ = ["FailoverHistory", "failover_log", "rollback_loop"]
@@ -92,8 +92,14 @@ class FailoverHistory:
         failover), the rule is replayed on that one too.  Unknown inputs are
         bracketed rather than guessed: the high seqno H is tried at the
         highest seqno seen for the vbucket and at 2^64-1, the purge seqno P
-        (when no v2.2 marker showed it) at 0 and just above the start seqno;
-        a prediction is made only when the bracket agrees.
+        (when no v2.2 marker showed it) at 0 and just above the start seqno
+        (where that is not above H),
+        and for a stream of some collections only (a filter, or a legacy
+        stream) the high seqno M of those collections (the purge exemption) at
+        0 and as if there were none; a prediction is made only when the
+        bracket agrees.  The request goes through the rule as the producer
+        takes it: a FromLatest request starts at the high seqno tried, and the
+        client's purge seqno is its value's ``purge_seqno`` string.
         """
         logs = self.logs.get(s.vbucket) or []
         at = a.response_frame or a.frame
@@ -132,27 +138,35 @@ class FailoverHistory:
         seen = max(self._seen(vb), self._elsewhere.get(vb, 0))
         highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
         purge = self.purge.get(vb)
-        purges = [purge[1]] if purge else [0, a.start + 1]
-        client_purge = a.value.get("purge_seqno", 0) if isinstance(a.value, dict) and isinstance(a.value.get("purge_seqno"), int) else 0
-        tried = [
-            (
-                h,
-                p,
-                rollback_decision(
-                    start=a.start,
-                    snap_start=a.snap_start,
-                    snap_end=a.snap_end,
-                    vb_uuid=a.uuid,
-                    flags=a.flags,
-                    failover_log=table,
-                    high_seqno=h,
-                    purge_seqno=p,
-                    client_purge_seqno=client_purge,
-                ),
+        client_purge = client_purge_seqno(a.value) or 0
+        filtered: list[int | None] = [None] if a.filtered is False else [None, 0]
+        tried = []
+        for h in highs:
+            start, snap_start, snap_end, uuid = from_latest(
+                flags=a.flags,
+                start=a.start,
+                snap_start=a.snap_start,
+                snap_end=a.snap_end,
+                vb_uuid=a.uuid,
+                high_seqno=h,
+                latest_uuid=table[0][0],
             )
-            for h in highs
-            for p in purges
-        ]
+            # the purge seqno never exceeds the high seqno: just above the start only where there is room
+            for p in [purge[1]] if purge else [0, start + 1] if start < h else [0]:
+                for m in filtered:
+                    d = rollback_decision(
+                        start=start,
+                        snap_start=snap_start,
+                        snap_end=snap_end,
+                        vb_uuid=uuid,
+                        flags=a.flags,
+                        failover_log=table,
+                        high_seqno=h,
+                        purge_seqno=p,
+                        client_purge_seqno=client_purge,
+                        filtered_max_seqno=m,
+                    )
+                    tried.append((h, p, d))
         outcomes = {d for _h, _p, d in tried}
         observed = a.rollback_seqno
         matching = [(h, p, d) for h, p, d in tried if d.rollback and d.seqno == observed]
@@ -172,7 +186,11 @@ class FailoverHistory:
             )
         if matching:
             _h, _p, d = matching[0]
-            return f"consistent with the rule for some value of the high seqno (not observed): {d.reason}{source}", None, True
+            return (
+                f"consistent with the rule for some value of the inputs not observed (high seqno, purge seqno): {d.reason}{source}",
+                None,
+                True,
+            )
         got = sorted({d.seqno for d in outcomes if d.rollback})
         return f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}", None, False
 

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 
 from ..flows.records import Record
 from ..protocol import spec
-from ..protocol.enums import Magic, MarkerVersion, Opcode, OsoFlag, Status, StreamEndStatus
-from ..protocol.rules import MAX_SEQNO, flow_control_size
+from ..protocol.enums import MarkerVersion, Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
+from ..protocol.rules import DUPLICATES_ALLOWED, KEY_SPACES, MAX_SEQNO, STREAM_ID_MESSAGES, flow_control_size
 from ..protocol.session import ITEMS, SEQNO_FIELD, STREAM_MESSAGES, SYNC_WRITES
-from .core import ALT_REQUEST, MAX_STREAM_REQUESTS, OTHER, BuilderCore, Conn, Header, name_of, requested_frames
+from .core import ALT_REQUEST, MAX_SNAPSHOT_KEYS, MAX_STREAM_REQUESTS, OTHER, BuilderCore, Conn, Header, name_of, requested_frames
 from .model import Anomaly, Attempt, FlowSample, Item, Snapshot, Stream, StreamState
 from .model import AnomalyKind as K
 from .rollback import failover_log, rollback_loop
@@ -36,10 +36,12 @@ _MARKER_VERSIONS = {int(MarkerVersion.V2_0): "v2.0", int(MarkerVersion.V2_2): "v
 _END_ON_CLOSE = "send_stream_end_on_client_close_stream"
 # enum members used per frame or per stream, bound once (an enum attribute lookup costs more than a global)
 _DATA, _END, _CLOSE_END, _REQUEST_IN, _CLOSE_IN = Input.DATA, Input.END, Input.CLOSE_END, Input.REQUEST, Input.CLOSE
+_CLOSE_DATA = Input.CLOSE_DATA
 _SUCCEEDED, _ROLLED_BACK, _REFUSED, _CLOSE_ANSWERED = Input.SUCCESS, Input.ROLLBACK, Input.ERROR, Input.CLOSE_ANSWERED
 _FOLLOWED, _REQUESTED, _CLOSING, _CLOSED = StreamState.FOLLOWED, StreamState.REQUESTED, StreamState.CLOSING, StreamState.CLOSED
-#: what flow control charges a stream message beyond its length (the rule, flow_control_size, tabulated once per opcode)
-_FLOW_EXTRA = {op: flow_control_size(int(Magic.CLIENT_REQUEST), op, 0) for op in STREAM_MESSAGES}
+#: the states of a segment whose last request is not (yet) a success: a closed segment it replaces still takes messages
+_NOT_OPEN_YET = frozenset((StreamState.REQUESTED, StreamState.ROLLED_BACK, StreamState.REFUSED))
+_HISTORY = int(SnapshotFlag.HISTORY)
 #: the states in which a stream message other than STREAM_END changes nothing (the fast path: no table lookup)
 _TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
 
@@ -94,13 +96,24 @@ class StreamHandlers(BuilderCore):
             ext.get("snap_start_seqno", 0),
             ext.get("snap_end_seqno", 0),
             value=d.document,
+            filtered=self._filtered(c, doc),
         )
         s = c.by_key.get((vb, sid))
         if s is None or self._move(c, s, _REQUEST_IN, rec, h[1]) is not _REQUESTED:
+            if s is not None and s.state in (_CLOSING, _CLOSED):
+                c.draining[(vb, sid)] = s  # the closed segment still takes what was queued, until the new one is answered
             s = self._new_stream(c, vb, sid, _REQUESTED)
         s.attempts.append(attempt)
         s.opaque = opaque
         return s
+
+    @staticmethod
+    def _filtered(c: Conn, doc: dict[str, object] | None) -> bool | None:
+        """Whether a stream request asks for some collections only: a filter, or any request without HELLO Collections (a legacy stream: the default collection)."""
+        features = c.state.context.collections
+        if features is None:
+            return None  # the connection's start was not captured
+        return not features or (doc is not None and ("collections" in doc or "scope" in doc))
 
     def _close_stream(self, c: Conn, rec: Record, h: Header) -> None:
         """DCP_CLOSE_STREAM: noted on the open stream of its key (none: it closes nothing)."""
@@ -120,10 +133,11 @@ class StreamHandlers(BuilderCore):
         rec: Record,
         h: Header,
         _alt: int = ALT_REQUEST,
-        _extra: Mapping[int, int] = _FLOW_EXTRA,
+        _size: Callable[[int, int, int], int] = flow_control_size,
         _takes: frozenset[StreamState] = _TAKES_DATA,
         _end: int = _STREAM_END,
         _sample: type[FlowSample] = FlowSample,
+        _sid_messages: frozenset[int] = STREAM_ID_MESSAGES,
     ) -> None:
         """A producer stream message: found its stream (or followed one), charged, checked against the stream's state.
 
@@ -137,7 +151,7 @@ class StreamHandlers(BuilderCore):
         info.producer_dir = rec.direction
         if h[0] != _alt:
             sid = None
-            if c.stream_ids:
+            if c.stream_ids and op in _sid_messages:  # DCP_SET_VBUCKET_STATE never carries one
                 self._anomaly(c, K.STREAM_ID_MISSING, [n], f"{name_of(op)} without a stream id on a connection with stream ids enabled")
             s = c.by_opaque.get(opaque)
             if s is None or s.vbucket != vb:
@@ -147,14 +161,19 @@ class StreamHandlers(BuilderCore):
             if sid is not None and not c.stream_ids and info.name:
                 msg = f"{name_of(op)} carries stream id {sid} but enable_stream_id was not negotiated"
                 self._anomaly(c, K.STREAM_ID_NOT_ENABLED, [n], msg)
-            elif sid is None and c.stream_ids:
+            elif sid is None and c.stream_ids and op in _sid_messages:
                 self._anomaly(c, K.STREAM_ID_MISSING, [n], f"{name_of(op)} without a stream id on a connection with stream ids enabled")
             s = c.by_opaque.get(opaque) if sid is None else None
             if s is None or s.vbucket != vb:
                 s = c.by_key.get((vb, sid))
+        if c.draining and s is not None and s.state in _NOT_OPEN_YET:
+            # a new request replaces a closed segment: until it is answered, messages are what the old one had queued
+            s = c.draining.get((vb, sid), s)
         buf = info.buffer_size
         if buf:  # flow control: the message's size charged against the buffer, by the rule
-            size = len(rec.event[1]) + _extra[op]  # type: ignore[index]
+            size = _size(h[0], op, len(rec.event[1]))  # type: ignore[index]
+            if c.over_acks:
+                self._over_acked(c, rec, size)
             if c.outstanding >= buf:
                 msg = f"producer sent {size} bytes with {c.outstanding} outstanding >= buffer {buf}"
                 self._anomaly(c, K.FLOW_CONTROL_OVERRUN, [n], msg, s, uncertain=c.ack_ahead)
@@ -176,7 +195,8 @@ class StreamHandlers(BuilderCore):
 
     def _step_message(self, c: Conn, rec: Record, op: int, s: Stream) -> StreamState | None:
         """A stream end, or data a stream's state does not simply take: through the table (``None``: dropped)."""
-        inp = (_CLOSE_END if self._end_on_close(c) else _END) if op == _STREAM_END else _DATA
+        closing = self._end_on_close(c)
+        inp = (_CLOSE_END if closing else _END) if op == _STREAM_END else _CLOSE_DATA if closing else _DATA
         return self._move(c, s, inp, rec, op)
 
     def _followed(self, c: Conn, rec: Record, op: int, vb: int, sid: int | None, opaque: int) -> Stream:
@@ -211,9 +231,19 @@ class StreamHandlers(BuilderCore):
         if s.snapshots and not s.snapshots[-1].complete and status == _END_OK:
             snap = s.snapshots[-1]
             msg = f"stream ended (OK) inside snapshot {snap.start}-{snap.end}"
-            self._anomaly(c, K.SNAPSHOT_NEVER_COMPLETED, [snap.frame, n], msg, s)
+            # a client without HELLO Collections is sent FilterEmpty and LostPrivileges as OK (kv_engine
+            # engines/ep/src/dcp/producer.cc ``mapEndStreamStatus``): before its end seqno, that may be what this is
+            legacy = not c.state.context.collections
+            reached = s.end_seqno is not None and s.last_seqno is not None and s.last_seqno >= s.end_seqno
+            if legacy and not reached:
+                msg += " (or FilterEmpty / LostPrivileges, sent as OK to a client without collections)"
+            self._anomaly(c, K.SNAPSHOT_NEVER_COMPLETED, [snap.frame, n], msg, s, uncertain=legacy and not reached)
         if c.by_opaque.get(h[7]) is s:
             del c.by_opaque[h[7]]
+        key = (s.vbucket, s.stream_id)
+        if c.draining.get(key) is s:
+            del c.draining[key]
+        c.snapshot_keys.pop(id(s), None)
 
     def _oso(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         flags = self._dissect(rec).extras.get("flags", 0)
@@ -229,7 +259,10 @@ class StreamHandlers(BuilderCore):
             return
         n = rec.number
         prev = s.snapshots[-1] if s.snapshots else None
-        if prev is not None and not prev.complete and s.last_seqno is not None and s.last_seqno < prev.end:
+        # a change-stream backfill: a NoHistory disk snapshot, then the History one with the same end (kv_engine
+        # engines/ep/src/dcp/active_stream.cc ``markDiskSnapshot``, NoHistoryPrecedingHistory): one snapshot in two
+        history_pair = prev is not None and end == prev.end and bool(flags & _HISTORY) and not prev.flags & _HISTORY
+        if prev is not None and not history_pair and not prev.complete and s.last_seqno is not None and s.last_seqno < prev.end:
             msg = f"new marker before snapshot {prev.start}-{prev.end} reached its end (last seqno {s.last_seqno})"
             self._anomaly(c, K.SNAPSHOT_NEVER_COMPLETED, [prev.frame, n], msg, s)
         if prev is not None and end < prev.end:
@@ -249,6 +282,7 @@ class StreamHandlers(BuilderCore):
             self._history.purge[s.vbucket] = (n, snap.purge_seqno)
         s.snapshots.append(snap)
         s.oso = s.oso_ended = False
+        c.snapshot_keys.pop(id(s), None)
 
     def _item(
         self,
@@ -260,6 +294,7 @@ class StreamHandlers(BuilderCore):
         _alt: int = ALT_REQUEST,
         _hsize: int = _HEADER_SIZE,
         _new: type[Item] = Item,
+        _spaces: Mapping[int, int] = KEY_SPACES,
     ) -> None:
         n, op = rec.number, h[1]
         layout = _layouts.get(op << 8 | h[3])
@@ -289,6 +324,9 @@ class StreamHandlers(BuilderCore):
             snap.last_frame = n
             if seqno >= snap.end:
                 snap.complete = True
+            space = _spaces.get(op)
+            if space is not None and not oso and not snap.flags & DUPLICATES_ALLOWED:
+                self._dedup(c, rec, h, s, idx, space)
         elif s.attempts and not oso and not (op == _SEQNO_ADVANCED and s.oso_ended):
             # mid-way streams may start anywhere; OSO items (and a SEQNO_ADVANCED after them) have no marker
             self._anomaly(c, K.ITEM_BEFORE_MARKER, [n], f"{name_of(op)} seqno {seqno} before any snapshot marker", s)
@@ -297,9 +335,38 @@ class StreamHandlers(BuilderCore):
             s.last_seqno = seqno
         elif not oso and op != _SEQNO_ADVANCED:
             self._anomaly(c, K.SEQNO_NOT_INCREASING, [n], f"seqno {seqno} after {last}", s)
-        if s.end_seqno is not None and seqno > s.end_seqno and op != _SEQNO_ADVANCED:
-            msg = f"seqno {seqno} beyond the requested end {s.end_seqno}"
+        end = s.end_seqno
+        # the producer sends the whole snapshot that contains the end seqno (on a replica vbucket the end is raised to
+        # its checkpoint snapshot's end): only a seqno past that snapshot is beyond the end
+        if end is not None and seqno > end and op != _SEQNO_ADVANCED and (idx < 0 or snaps[idx].start > end or seqno > snaps[idx].end):
+            msg = f"seqno {seqno} beyond the requested end {end}"
+            if idx >= 0 and snaps[idx].start <= end:
+                msg += f" and the snapshot {snaps[idx].start}-{snaps[idx].end} that contains it"
             self._anomaly(c, K.BEYOND_END_SEQNO, [*requested_frames(s), n], msg, s)
+
+    def _dedup(self, c: Conn, rec: Record, h: Header, s: Stream, idx: int, space: int, _alt: int = ALT_REQUEST) -> None:
+        """A key delivered twice in one snapshot whose marker allows no duplicates (kv_engine's snapshot-marker.md).
+
+        The key is compared as it is on the wire: with its collection-id prefix
+        when the connection negotiated collections; committed items and
+        prepares are apart.
+        """
+        seen = c.snapshot_keys.get(id(s))
+        if seen is None or seen[0] != idx:
+            seen = c.snapshot_keys[id(s)] = (idx, {})
+        keys = seen[1]
+        raw: bytes = rec.event[1]  # type: ignore[index]
+        alt = h[0] == _alt
+        start = _HEADER_SIZE + (h[2] >> 8 if alt else 0) + h[3]
+        key = (space, bytes(raw[start : start + (h[2] & 0xFF if alt else h[2])]))
+        first = keys.get(key)
+        if first is not None:
+            snap = s.snapshots[idx]
+            text = _key_text(key[1], bool(c.state.context.collections))
+            msg = f"key {text} delivered twice in snapshot {snap.start}-{snap.end} (flags 0x{snap.flags:02x}: no duplicates allowed)"
+            self._anomaly(c, K.DUPLICATE_KEY, [first, rec.number], msg, s)
+        elif len(keys) < MAX_SNAPSHOT_KEYS:
+            keys[key] = rec.number
 
     def _nothing_more(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         """A stream message that changes nothing the timeline follows beyond its stream's state (set-vbucket-state, cache transfer)."""
@@ -331,6 +398,7 @@ class StreamHandlers(BuilderCore):
         a.status = status
         a.status_name = spec.STATUS.get(status, f"unknown 0x{status:04x}")
         if inp is _SUCCEEDED:
+            c.draining.pop((s.vbucket, s.stream_id), None)  # the producer replaced the closed stream: nothing more of it
             a.outcome = "success"
             s.end_seqno = None if a.end == MAX_SEQNO else a.end
             a.failover_log = failover_log(self._dissect(rec).body.get("failover_log"))
@@ -348,6 +416,18 @@ class StreamHandlers(BuilderCore):
         else:
             a.outcome = "error"
             a.explanation = f"refused: {a.status_name}"
+
+
+def _key_text(key: bytes, collections: bool) -> str:
+    """A key for a message: ``cid 0x8 'k1'`` when it carries a collection id (LEB128), else the key."""
+    cid, shift = 0, 0
+    if collections:
+        for i, b in enumerate(key[:5]):
+            cid |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return f"cid 0x{cid:x} {key[i + 1 :].decode('utf-8', 'backslashreplace')!r}"
+    return repr(key.decode("utf-8", "backslashreplace"))
 
 
 StreamHandler = Callable[[StreamHandlers, Conn, Record, Header, Stream], None]

@@ -36,7 +36,9 @@ class Input(StrEnum):
     CLOSE_ANSWERED = "close answered"  # the answer to the segment's last DCP_CLOSE_STREAM
     DATA = "stream message"  # a producer stream message other than DCP_STREAM_END
     END = "stream end"  # DCP_STREAM_END
-    # DCP_STREAM_END on a connection that asked for one after CLOSE_STREAM (send_stream_end_on_client_close_stream)
+    # the same two on a connection that asked for a STREAM_END(Closed) after CLOSE_STREAM
+    # (send_stream_end_on_client_close_stream): the producer sends what it had queued after the close response, then the end
+    CLOSE_DATA = "stream message, end after close"
     CLOSE_END = "stream end after close"
 
 
@@ -47,7 +49,7 @@ _ENDS: dict[tuple[StreamState, Input], StreamState] = {
 }
 _WAITING = (_S.ROLLED_BACK, _S.REFUSED)  # answered, not open: the consumer may ask again on the same segment
 
-TRANSITIONS: dict[tuple[StreamState, Input], StreamState] = {
+_TABLE: dict[tuple[StreamState, Input], StreamState] = {
     **_ENDS,
     # followed from mid-way (its request was not captured): open
     (_S.FOLLOWED, _I.DATA): _S.FOLLOWED,
@@ -72,6 +74,13 @@ TRANSITIONS: dict[tuple[StreamState, Input], StreamState] = {
     (_S.CLOSING, _I.CLOSE_ANSWERED): _S.CLOSED,
     (_S.CLOSED, _I.CLOSE): _S.CLOSED,
     (_S.CLOSED, _I.CLOSE_ANSWERED): _S.CLOSED,
+    # a closed stream may be requested again at once, even before its STREAM_END(Closed): the request starts a new
+    # segment, and this one still takes what the producer had queued (kv_engine engines/ep/src/dcp/producer.cc
+    # ``shouldAddVBToProducerConnection``: the new stream replaces the dead one)
+    (_S.CLOSING, _I.REQUEST): _S.CLOSING,
+    (_S.CLOSED, _I.REQUEST): _S.CLOSED,
+    # ... with send_stream_end_on_client_close_stream, the queued messages follow the close response
+    (_S.CLOSED, _I.CLOSE_DATA): _S.CLOSED,
     # ended: a request starts a new segment; late answers are still recorded on this one
     (_S.ENDED, _I.REQUEST): _S.ENDED,
     (_S.ENDED, _I.CLOSE): _S.ENDED,
@@ -80,16 +89,23 @@ TRANSITIONS: dict[tuple[StreamState, Input], StreamState] = {
     (_S.ENDED, _I.ROLLBACK): _S.ENDED,
     (_S.ENDED, _I.ERROR): _S.ENDED,
 }
+#: the table; a stream message on a connection with STREAM_END after close goes where any stream message goes
+TRANSITIONS: dict[tuple[StreamState, Input], StreamState] = {
+    **_TABLE,
+    **{(s, _I.CLOSE_DATA): t for (s, i), t in _TABLE.items() if i is _I.DATA and (s, _I.CLOSE_DATA) not in _TABLE},
+}
 
-_OPEN = (_S.FOLLOWED, _S.OPEN, _S.CLOSING, _S.CLOSED)
+_OPEN = (_S.FOLLOWED, _S.OPEN)
 VIOLATIONS: dict[tuple[StreamState, Input], tuple[AnomalyKind, StreamState | None]] = {
-    # a request while the stream is open: the old segment stays as it is, the request starts a new one
+    # a request while the stream is open (not closed by the consumer): the old segment stays as it is, the request
+    # starts a new one
     **{(s, _I.REQUEST): (AnomalyKind.STREAM_ALREADY_OPEN, s) for s in _OPEN},
     # the producer goes on after it answered CLOSE_STREAM: still read
     (_S.CLOSED, _I.DATA): (AnomalyKind.AFTER_CLOSE_STREAM, _S.CLOSED),
     (_S.CLOSED, _I.END): (AnomalyKind.AFTER_CLOSE_STREAM, _S.ENDED),
     # ... or after it ended the stream: dropped
     (_S.ENDED, _I.DATA): (AnomalyKind.AFTER_STREAM_END, None),
+    (_S.ENDED, _I.CLOSE_DATA): (AnomalyKind.AFTER_STREAM_END, None),
     (_S.ENDED, _I.END): (AnomalyKind.AFTER_STREAM_END, None),
     (_S.ENDED, _I.CLOSE_END): (AnomalyKind.AFTER_STREAM_END, None),
 }

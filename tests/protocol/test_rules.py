@@ -97,6 +97,8 @@ def test_flow_control_size_of_every_opcode_and_magic(magic: Magic) -> None:
                 want = 0  # noops, responses, server requests, anything not a stream message
             elif opcode == Opcode.DCP_PREPARE:
                 want = length + 2  # MB-46634: a prepare counts 2 bytes more than its size
+            elif opcode == Opcode.DCP_CACHE_TRANSFER_END:
+                want = spec.HEADER_SIZE  # kv_engine response.h: sizeof(Request), a stream id or not
             else:
                 want = length
             assert got == want, (magic.name, name or hex(opcode), length)
@@ -107,6 +109,7 @@ def test_flow_control_size_of_encoded_stream_messages(name: str) -> None:
     """On real frames (both magics: a stream id makes an alt request): the frame's length, +2 for a prepare."""
     for raw in (encode(name), encode(name, stream_id=7)):
         extra = 2 if name == "DCP_PREPARE" else 0
-        assert flow_control_size(raw[0], raw[1], len(raw)) == len(raw) + extra
+        want = spec.HEADER_SIZE if name == "DCP_CACHE_TRANSFER_END" else len(raw) + extra
+        assert flow_control_size(raw[0], raw[1], len(raw)) == want
         response = encode(name, response=True)
         assert flow_control_size(response[0], response[1], len(response)) == 0

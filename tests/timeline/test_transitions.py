@@ -77,8 +77,11 @@ INPUTS: dict[Input, list[tuple[str, bytes]]] = {
     Input.CLOSE_ANSWERED: [CLOSED],
     Input.DATA: [MARKER],
     Input.END: [END],
+    Input.CLOSE_DATA: [MARKER],
     Input.CLOSE_END: [END],
 }
+#: the inputs that exist only on a connection that asked for STREAM_END(Closed) after CLOSE_STREAM
+ON_END_ON_CLOSE = (Input.CLOSE_DATA, Input.CLOSE_END)
 
 
 def records(frames: list[tuple[str, bytes]]) -> list[Record]:
@@ -110,7 +113,7 @@ def test_builder_every_state_and_input(state: StreamState, inp: Input) -> None:
     """From frames: allowed pairs move the segment as the table says; any other pair raises an anomaly."""
     reached = False
     for prefix in PREFIXES[state]:
-        setup = (END_ON_CLOSE if inp is Input.CLOSE_END else []) + prefix
+        setup = (END_ON_CLOSE if inp in ON_END_ON_CLOSE else []) + prefix
         before = feed(setup)
         segment = before.streams[-1]
         assert segment.state is state, (prefix, segment.state)
@@ -188,3 +191,20 @@ def test_the_dispatch_tables_cover_every_opcode_of_the_table() -> None:
     assert set(streams.STREAM) == STREAM_MESSAGES
     assert all(builder._REQUEST[op] is TimelineBuilder._stream_message for op in STREAM_MESSAGES)
     assert {int(op) for op in (Opcode.DCP_STREAM_REQ, Opcode.DCP_CLOSE_STREAM)} <= set(builder._RESPONSE)
+
+
+def test_a_closed_stream_may_be_requested_again_and_drain() -> None:
+    """kv_engine producer.cc: a closed stream is replaced by a new request at once; with send_stream_end_on_client_close_stream
+    its queued messages follow the close response.  What stays an anomaly: a request for an open stream, data after the
+    close response without that control, anything after the end."""
+    for state in (StreamState.CLOSING, StreamState.CLOSED):
+        assert step(state, Input.REQUEST) == (state, None)  # the old segment stays; the builder starts a new one
+    assert step(StreamState.CLOSED, Input.CLOSE_DATA) == (StreamState.CLOSED, None)
+    assert step(StreamState.CLOSED, Input.DATA) == (StreamState.CLOSED, AnomalyKind.AFTER_CLOSE_STREAM)
+    assert step(StreamState.ENDED, Input.CLOSE_DATA) == (None, AnomalyKind.AFTER_STREAM_END)
+    for state in (StreamState.FOLLOWED, StreamState.OPEN):
+        assert step(state, Input.REQUEST) == (state, AnomalyKind.STREAM_ALREADY_OPEN)
+    # elsewhere a stream message goes where it goes on any connection
+    for state in StreamState:
+        if state is not StreamState.CLOSED:
+            assert step(state, Input.CLOSE_DATA) == step(state, Input.DATA)
