@@ -77,6 +77,7 @@ BOOTSTRAP = frozenset(
         Opcode.SASL_AUTH,
         Opcode.SASL_STEP,
         Opcode.SELECT_BUCKET,
+        Opcode.GET_CLUSTER_CONFIG,
         Opcode.GET_ALL_VB_SEQNOS,
         Opcode.STAT,
         Opcode.DCP_OPEN,
@@ -84,8 +85,8 @@ BOOTSTRAP = frozenset(
         Opcode.DCP_STREAM_REQ,
     )
 )
-#: about how many bootstrap replies a run sees (HELLO, mechs, 2 SASL, select, seqnos, open, 3 controls, 2 streams)
-REPLIES = 12
+#: about how many bootstrap replies a run sees (HELLO, mechs, 2 SASL, select, cluster map, seqnos, open, 3 controls, 2 streams)
+REPLIES = 13
 _RESPONSE = int(Magic.CLIENT_RESPONSE)
 _AUTH_ERROR = int(Status.AUTH_ERROR)
 

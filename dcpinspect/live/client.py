@@ -1,10 +1,13 @@
-"""A live DCP client: the asyncio edge around :class:`~dcpinspect.live.consumer.DcpConsumer`.
+"""A live DCP client: the asyncio edge around the sans-IO consumers of :mod:`.consumer_cluster`.
 
-It connects, moves bytes between the socket and the sans-IO consumer, hands
-every byte both ways to a :class:`~dcpinspect.live.tap.LiveCapture` (so the
-frames become records live, exactly as a capture would give them, and
-optionally a pcap), and persists the consumer's resume state as JSON at
-consistent points and on exit.
+It connects to the node given, then to each data node the cluster map names
+active for a vbucket it streams (one DCP connection per node, as real clients
+do; a server without cluster maps keeps everything on the first connection),
+moves bytes between the sockets and the sans-IO
+:class:`~dcpinspect.live.consumer_cluster.ClusterConsumer`, hands every byte
+both ways to a :class:`~dcpinspect.live.tap.LiveCapture` (so the frames become
+records live, exactly as a capture would give them, and optionally a pcap), and
+persists the resume state of every vbucket as JSON at consistent points and on exit.
 
     state = await run_client("127.0.0.1", 11210, ConsumerConfig(bucket="b", user="u", password=pw, to_latest=True))
 
@@ -26,7 +29,9 @@ from typing import Any
 
 from ..flows.records import Record
 from .consumer import ConsumerConfig, DcpConsumer
+from .consumer_cluster import ClusterConsumer, address_text
 from .consumer_states import ConsumerEvent
+from .consumer_streams import StreamInfo
 from .resume import ResumeState
 from .tap import LiveCapture, LiveConnection
 
@@ -118,17 +123,35 @@ class DcpClient:
         self.clock = clock
         #: bytes written to (``c2s``) and read from (``s2c``) the socket so far
         self.bytes = {"c2s": 0, "s2c": 0}
+        #: the first connection's consumer (the only one on a single node)
         self.consumer: DcpConsumer | None = None
+        #: every connection of the client (one per data node it streams from), once it runs
+        self.fleet: ClusterConsumer | None = None
         self._hold_acks = hold_acks
         self._stop = False
         self._task: asyncio.Task[ResumeState] | None = None
         self._progress = asyncio.Event()  # set (and replaced) each time the client handled data or a tick
         self._ended = False
+        # while running: the links' tasks and wake-ups, the capture, state saving
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._wakes: dict[int, asyncio.Event] = {}
+        self._fleet_done = asyncio.Event()
+        self._clock: Callable[[], float] = clock or (lambda: 0.0)
+        self._live_capture: LiveCapture | None = None
+        self._own_capture = True
+        self._last_save = 0.0
+        self._dirty = False
+        self._closing = False
 
     @property
     def state(self) -> ResumeState | None:
-        """The consumer's resume state so far (``None`` before it started)."""
-        return self.consumer.state if self.consumer is not None else None
+        """The resume state so far, of every vbucket on every node (``None`` before it started)."""
+        return self.fleet.state if self.fleet is not None else None
+
+    @property
+    def streams(self) -> dict[int, StreamInfo]:
+        """Every vbucket's stream, from the connection that streams it now."""
+        return self.fleet.streams if self.fleet is not None else {}
 
     @property
     def hold_acks(self) -> bool:
@@ -138,8 +161,10 @@ class DcpClient:
     @hold_acks.setter
     def hold_acks(self, value: bool) -> None:
         self._hold_acks = bool(value)
-        if self.consumer is not None:
-            self.consumer.hold_acks = self._hold_acks
+        if self.fleet is not None:
+            self.fleet.hold_acks = self._hold_acks
+            for wake in self._wakes.values():
+                wake.set()  # acks held back go out now
 
     async def start(self) -> None:
         """Run in the background on the current event loop (see :meth:`wait`, :meth:`stop`)."""
@@ -154,6 +179,8 @@ class DcpClient:
     async def until(self, predicate: Callable[[DcpConsumer], bool]) -> DcpConsumer:
         """Wait until ``predicate(consumer)`` holds; returns the consumer.
 
+        ``consumer`` is the first connection's (:attr:`consumer`); on several nodes, look at
+        :attr:`streams` / :attr:`state` (every node's) from the predicate.
         The predicate is checked now and after each time the client handled what arrived (or a tick
         passed).  Raises the client's ``ClientError`` if it ended with one first, else ``ClientError``
         if it ended without the predicate ever holding.  Wrap in ``asyncio.wait_for`` for a deadline.
@@ -203,31 +230,97 @@ class DcpClient:
                 if saved.bucket and saved.bucket != config.bucket:
                     raise ClientError(f"the state file {self.state_path} is for bucket {saved.bucket!r}, not {config.bucket!r}")
                 config = dataclasses.replace(config, resume=saved)
-        clock = self.clock or asyncio.get_running_loop().time
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.connect_timeout)
-        except TimeoutError:
-            raise ClientError(f"cannot connect to {self.host}:{self.port}: timed out") from None
-        except OSError as exc:
-            raise ClientError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
-        own_capture = self.capture is None
-        capture = self.capture
-        if capture is None and (self.pcap is not None or self.on_record is not None):
+        self._clock = self.clock or asyncio.get_running_loop().time
+        fleet = self.fleet = ClusterConsumer(config, (self.host, self.port), now=self._clock())
+        fleet.hold_acks = self._hold_acks
+        self._own_capture = self.capture is None
+        self._live_capture = self.capture
+        if self._live_capture is None and (self.pcap is not None or self.on_record is not None):
             # records go to on_record or nowhere: a LiveCapture without a callback would keep every one
-            capture = LiveCapture(pcap=self.pcap, on_record=self.on_record or _discard)
+            self._live_capture = LiveCapture(pcap=self.pcap, on_record=self.on_record or _discard)
+        self._tasks, self._wakes = {}, {}
+        self._fleet_done = asyncio.Event()
+        self._last_save = self._clock()
+        self._dirty = False
+        self._closing = False
+        try:
+            self._start_links()
+            while not fleet.done:
+                waiter: asyncio.Future[Any] = asyncio.ensure_future(self._fleet_done.wait())
+                try:
+                    await asyncio.wait([waiter, *self._tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                for task in [t for t in self._tasks.values() if t.done()]:
+                    task.result()  # a bug in a link's loop surfaces here
+                if not fleet.done and all(t.done() for t in self._tasks.values()) and not fleet.wanted():
+                    break  # cannot happen: every link ends its consumer before its task ends
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            capture = self._live_capture
+            if capture is not None:
+                if self._own_capture:
+                    capture.close()
+                else:
+                    capture.flush()
+            if self.state_path is not None:
+                save_state(self.state_path, fleet.state)
+        if fleet.failure is not None:
+            raise ClientError(fleet.failure, fleet.state)
+        return fleet.state
+
+    def _start_links(self) -> None:
+        """Connect the links the client asks for (one per data node it streams from)."""
+        assert self.fleet is not None
+        for link_id in self.fleet.wanted():
+            self._wakes[link_id] = asyncio.Event()
+            self._tasks[link_id] = asyncio.ensure_future(self._link(link_id))
+
+    def _handled(self, events: list[ConsumerEvent]) -> None:
+        """After the client handled something: events out, links woken (one link's data may queue another's), state saved."""
+        assert self.fleet is not None
+        self._dirty |= self._events(events)
+        self._start_links()
+        for link_id, wake in self._wakes.items():
+            if self.fleet.has_output(link_id) or self.fleet.closable(link_id):
+                wake.set()  # what one link read may queue another's bytes (a stream handed over) or end it
+        now = self._clock()
+        if self._dirty and self.state_path is not None and now - self._last_save >= self.save_interval:
+            save_state(self.state_path, self.fleet.state)
+            self._last_save, self._dirty = now, False
+        if self.fleet.done:
+            self._fleet_done.set()
+        self._progressed()
+
+    async def _link(self, link_id: int) -> None:
+        """One connection: connect, then move bytes between its socket and the client until its consumer ends."""
+        fleet, config = self.fleet, self.config
+        assert fleet is not None
+        host, port = fleet.links[link_id].address
+        wake = self._wakes[link_id]
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+        except TimeoutError:
+            self._handled(fleet.connect_failed(link_id, f"cannot connect to {address_text((host, port))}: timed out"))
+            return
+        except OSError as exc:
+            self._handled(fleet.connect_failed(link_id, f"cannot connect to {address_text((host, port))}: {exc.strerror or exc}"))
+            return
         conn: LiveConnection | None = None
-        if capture is not None:
+        if self._live_capture is not None:
             local = writer.get_extra_info("sockname") or ("0.0.0.0", 0)
-            peer = writer.get_extra_info("peername") or (self.host, self.port)
-            conn = capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
-        consumer = self.consumer = DcpConsumer(config, now=clock())
-        consumer.hold_acks = self._hold_acks
-        last_save = clock()
-        dirty = False
+            peer = writer.get_extra_info("peername") or (host, port)
+            conn = self._live_capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
+        events = fleet.connected(link_id, self._clock())
+        if link_id == 0:
+            self.consumer = fleet.consumer
+        self._handled(events)
         closed_by = "c2s"
 
         async def send() -> None:
-            out = consumer.data_to_send()
+            out = fleet.data_to_send(link_id)
             if not out:
                 return
             if conn is not None:
@@ -237,59 +330,60 @@ class DcpClient:
             # a server that never reads must not block the client forever
             await asyncio.wait_for(writer.drain(), config.response_timeout)
 
+        read: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1 << 16))
         try:
             while True:
                 try:
                     await send()
-                    if not consumer.done and self._stop:
-                        dirty |= self._events(consumer.close_streams(clock()))
+                    if self._stop and not self._closing and not fleet.done:
+                        self._closing = True
+                        self._handled(fleet.close_streams(self._clock()))
                         await send()  # the CLOSE_STREAMs
                 except TimeoutError:
-                    self._events(consumer.connection_failed(f"the server read nothing for {config.response_timeout:g} s"))
+                    self._handled(fleet.connection_failed(link_id, f"the server read nothing for {config.response_timeout:g} s"))
                 except OSError as exc:
-                    self._events(consumer.connection_failed(f"connection error: {exc.strerror or exc}"))
-                if consumer.done:
+                    self._handled(fleet.connection_failed(link_id, f"connection error: {exc.strerror or exc}"))
+                if fleet.closable(link_id):
                     break
                 # (streams closing: read on until their STREAM_END(Closed) or the timeout: the server may send queued messages first)
+                wake.clear()
+                woken: asyncio.Future[Any] = asyncio.ensure_future(wake.wait())
                 try:
-                    data = await asyncio.wait_for(reader.read(1 << 16), self.tick)
-                except TimeoutError:
-                    data = None
-                except OSError as exc:
-                    data = b""
-                    self._events([ConsumerEvent("error", f"connection error: {exc.strerror or exc}")])
-                now = clock()
-                events: list[ConsumerEvent] = []
+                    await asyncio.wait([read, woken], timeout=self.tick, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+                data: bytes | None = None
+                if read.done():
+                    try:
+                        data = read.result()
+                    except OSError as exc:
+                        data = b""
+                        self._events([ConsumerEvent("error", f"connection error: {exc.strerror or exc}", node=address_text((host, port)))])
+                    if data:
+                        read = asyncio.ensure_future(reader.read(1 << 16))
+                now = self._clock()
+                events = []
                 if data == b"":
                     closed_by = "s2c"
-                    events += consumer.connection_lost()
+                    events += fleet.connection_lost(link_id)
                 elif data:
                     self.bytes["s2c"] += len(data)
                     if conn is not None:
                         conn.data("s2c", data)
-                    events += consumer.receive(data, now)
-                events += consumer.tick(now)
-                dirty |= self._events(events)
-                self._progressed()
-                if dirty and self.state_path is not None and now - last_save >= self.save_interval:
-                    save_state(self.state_path, consumer.state)
-                    last_save, dirty = now, False
+                    events += fleet.receive(link_id, data, now)
+                events += fleet.tick(now)
+                self._handled(events)
+                if data == b"" and fleet.closable(link_id):
+                    break
         finally:
+            read.cancel()
+            with contextlib.suppress(OSError, RuntimeError, asyncio.CancelledError):
+                await read
             with contextlib.suppress(OSError, RuntimeError):
                 writer.close()
                 await writer.wait_closed()
             if conn is not None:
                 conn.close(by=closed_by)
-            if capture is not None:
-                if own_capture:
-                    capture.close()
-                else:
-                    capture.flush()
-            if self.state_path is not None:
-                save_state(self.state_path, consumer.state)
-        if consumer.failure is not None:
-            raise ClientError(consumer.failure, consumer.state)
-        return consumer.state
 
     def _events(self, events: list[ConsumerEvent]) -> bool:
         checkpoint = False

@@ -2,8 +2,9 @@
 
 :class:`DcpConsumer` is the client side of one DCP connection as a pure state
 machine (no sockets, no asyncio, no clock reads).  It bootstraps the session
-(HELLO, SASL, SELECT_BUCKET, optionally GET_ALL_VB_SEQNOS, DCP_OPEN,
-DCP_CONTROLs), requests one stream per vbucket from a
+(HELLO, SASL, SELECT_BUCKET, GET_CLUSTER_CONFIG when it knows the address it is
+connected to, optionally GET_ALL_VB_SEQNOS, DCP_OPEN, DCP_CONTROLs), requests one
+stream per vbucket from a
 :class:`~dcpinspect.live.resume.ResumeState`, follows the rollback protocol,
 tracks snapshots and seqnos per vbucket, acknowledges the flow-control buffer,
 answers noops and re-requests streams whose end reason says so (kv_engine's
@@ -27,6 +28,16 @@ the wire.
 4. Never raises on server input: malformed frames and unexpected replies become
    ``malformed``/``unexpected`` events; bytes that are not frames, a reply it
    cannot act upon, and silence where a reply is due fail the connection.
+5. Flow control: it acknowledges exactly what it received, the sum of
+   :func:`~dcpinspect.protocol.rules.flow_control_size` over the stream messages
+   read (kv_engine ``docs/dcp/documentation/flow-control.md``), never more.
+6. It answers every DCP_NOOP with a reply echoing the opaque and never sends a
+   DCP_NOOP request (the producer disconnects a consumer that does); silence for
+   two noop intervals is a dead connection.
+7. Cluster map (given ``address``): the vbuckets the map names active on another
+   node are handed over (``moved`` events, see :mod:`.consumer_cluster`); a server
+   that answers GET_CLUSTER_CONFIG with an error (memcached, an old node) keeps
+   every vbucket on this connection.
 
 >>> c = DcpConsumer(ConsumerConfig(bucket="default", user="u", password="p", vbuckets=(0,)))
 >>> from dcpinspect import decode, dissect
@@ -36,6 +47,7 @@ the wire.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,14 +57,15 @@ from ..flows.session import ConnState
 from ..protocol import spec
 from ..protocol.enums import Feature, Opcode, OpenFlag, Status
 from ..protocol.rules import MAX_SEQNO, flow_control_size
+from ..protocol.session import DEFAULT_NOOP_INTERVAL, SESSION_OPS
 from ..protocol.session import REQUEST_MAGICS as _REQUEST_MAGICS
 from ..protocol.session import RESPONSE_MAGICS as _RESPONSE_MAGICS
-from ..protocol.session import SESSION_OPS
 from ..wire.decoder import FrameDecoder
 from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext, Dissection
 from ..wire.encode import encode
 from ..wire.events import Frame
+from .clustermap import ClusterMap, parse_config
 from .consumer_states import (
     AWAITS,
     ENDS,
@@ -65,7 +78,7 @@ from .consumer_states import (
     server_text,
     status_text,
 )
-from .consumer_streams import StreamInfo, Streams
+from .consumer_streams import Handoff, StreamInfo, Streams
 from .resume import ResumeState, u64
 from .sasl import SCRAM_HASHES, SaslError, ScramClient, plain_payload
 
@@ -117,6 +130,8 @@ class ConsumerConfig:
         max_rollbacks: rollbacks/re-requests in a row before a vbucket is given up.
         response_timeout: seconds to wait for a bootstrap reply (the connection fails) or a stream
             request's reply (that vbucket fails).
+        cluster_map: ask GET_CLUSTER_CONFIG and stream each vbucket from the node the map names
+            active (only when the consumer knows the address it is connected to).
     """
 
     bucket: str
@@ -141,6 +156,7 @@ class ConsumerConfig:
     resume: ResumeState | None = None
     max_rollbacks: int = 20
     response_timeout: float = 30.0
+    cluster_map: bool = True
 
 
 ReplyHandler = Callable[["DcpConsumer", Frame, Dissection, Any, float, list[ConsumerEvent]], None]
@@ -154,8 +170,14 @@ class DcpConsumer:
     by queueing HELLO.  Never raises on server input (rule 4 above).
     """
 
-    def __init__(self, config: ConsumerConfig, now: float = 0.0) -> None:
+    def __init__(self, config: ConsumerConfig, now: float = 0.0, *, address: tuple[str, int] | None = None) -> None:
         self.config = config
+        #: the (host, port) this connection was made to (``None``: unknown; then the cluster map is not asked)
+        self.address = address
+        #: the cluster map the server answered (``None``: not asked, or not served)
+        self.cluster_map: ClusterMap | None = None
+        #: this node's server index in :attr:`cluster_map`
+        self.node_index: int | None = None
         self.phase = Phase.HELLO
         self.failure: str | None = None
         #: what the connection negotiated (features, open flags, controls): the one context tracker
@@ -180,6 +202,8 @@ class DcpConsumer:
         self._high: dict[int, int] = {}
         self._stat_high: dict[int, int] = {}
         self._done_reported = False
+        self._placed = False  # the cluster map chose this connection's vbuckets
+        self._config_asked = -1.0  # when a GET_CLUSTER_CONFIG sent while streaming was sent (-1: none pending)
         resume = config.resume.copy() if config.resume is not None else ResumeState(bucket=config.bucket)
         self.tracker = Streams(
             resume,
@@ -228,6 +252,17 @@ class DcpConsumer:
         return self.session.controls.get("enable_noop") == "true"
 
     @property
+    def noop_interval(self) -> float | None:
+        """The noop interval in force: the accepted ``set_noop_interval``, else the producer's default (``None``: noops off)."""
+        if not self.noop:
+            return None
+        try:
+            interval = float(self.session.controls.get("set_noop_interval", ""))
+        except ValueError:
+            return DEFAULT_NOOP_INTERVAL
+        return interval if interval > 0 else DEFAULT_NOOP_INTERVAL
+
+    @property
     def end_on_close(self) -> bool:
         """``send_stream_end_on_client_close_stream=true`` was accepted."""
         return self.session.controls.get("send_stream_end_on_client_close_stream") == "true"
@@ -241,6 +276,11 @@ class DcpConsumer:
     def done(self) -> bool:
         """True once every stream ended or failed, or the connection failed."""
         return self.phase in ENDS
+
+    @property
+    def output_size(self) -> int:
+        """Bytes queued for the server (see :meth:`data_to_send`)."""
+        return len(self._out)
 
     def data_to_send(self) -> bytes:
         """The bytes queued for the server (and forget them)."""
@@ -289,13 +329,15 @@ class DcpConsumer:
         for opaque in self.tracker.requests_timed_out(now, self.config.response_timeout, events):
             self._pending.pop(opaque, None)  # a stream request the server never answers fails that vbucket
         self.tracker.closes_timed_out(now, self.config.response_timeout, events)
+        if self._config_asked >= 0 and now - self._config_asked > self.config.response_timeout:
+            self._fail(events, f"no reply to {Request.CONFIG} within {self.config.response_timeout:g} s")
+            return events
         self._check_done(events)
         if self.done:
             return events
-        if self.noop and self.config.noop_interval and now - self._last_rx > 2 * self.config.noop_interval:
-            self._fail(
-                events, f"no traffic from the server for {now - self._last_rx:.1f} s (noop interval {self.config.noop_interval:g} s)"
-            )
+        interval = self.noop_interval
+        if interval and now - self._last_rx > 2 * interval:
+            self._fail(events, f"no traffic from the server for {now - self._last_rx:.1f} s (noop interval {interval:g} s)")
         self._maybe_ack(events)  # acks held back are sent once released, even while nothing arrives
         return events
 
@@ -314,6 +356,21 @@ class DcpConsumer:
         events: list[ConsumerEvent] = []
         if not self.done:
             self._fail(events, why)
+        return events
+
+    def adopt(self, handoff: Handoff, now: float) -> list[ConsumerEvent] | None:
+        """Stream the vbucket another connection handed over (it moved to this node); ``None`` if this connection ended.
+
+        Before streaming starts the stream waits with the others; while streaming it is requested at once.
+        """
+        if self.done:
+            return None
+        events: list[ConsumerEvent] = []
+        self._now = now
+        st = self.tracker.adopt(handoff)
+        events.append(ConsumerEvent("adopted", f"seqno {st.position.seqno}", st.vbucket, {"seqno": st.position.seqno}))
+        if self.phase is Phase.STREAMING:
+            self._stream_request(st, events)
         return events
 
     def close_streams(self, now: float | None = None) -> list[ConsumerEvent]:
@@ -368,12 +425,14 @@ class DcpConsumer:
 
     # --- dispatch -----------------------------------------------------------------
     def _frame(self, frame: Frame, now: float, events: list[ConsumerEvent]) -> None:
-        d = dissect(frame, self.context)
         magic = frame.magic
+        # what the producer charged for this message, counted before anything else can go wrong with it:
+        # the acknowledgements are exactly the sum of these (an uncounted message would stall the producer)
         size = flow_control_size(magic, frame.opcode, frame.length)
         if size and self.flow_control:
             self.unacked += size
             self.consumed_total += size
+        d = dissect(frame, self.context)
         if magic in _RESPONSE_MAGICS:
             self._response(frame, d, now, events)
         elif magic in _REQUEST_MAGICS:
@@ -406,8 +465,8 @@ class DcpConsumer:
             events.append(ConsumerEvent("noop", f"opaque 0x{frame.opaque:08x}"))
             return
         again = self.tracker.message(d, events)
-        if again is not None:  # the stream ended with a reason that calls for a new request
-            self._stream_request(again, events)
+        if again is not None:  # the stream ended with a reason that calls for a new request (here, or where it lives now)
+            self._again(again, events)
 
     # --- bootstrap ------------------------------------------------------------------
     def _on_hello(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
@@ -471,11 +530,94 @@ class DcpConsumer:
             self._fail(events, f"cannot select bucket {self.config.bucket!r}: {status_text(frame.status)}")
             return
         events.append(ConsumerEvent("bucket_selected", self.config.bucket))
-        if self.config.to_latest or self.config.vbuckets is None:
+        if self.config.cluster_map and self.address is not None:
+            self._move(Phase.CONFIG)
+            self._request(Request.CONFIG, "GET_CLUSTER_CONFIG", now=now)
+        else:
+            self._after_config(now, events)
+
+    def _after_config(self, now: float, events: list[ConsumerEvent]) -> None:
+        if self._placed and not self.streams:
+            self._finish(events)  # every vbucket lives on other nodes: nothing to stream here
+        elif self.config.to_latest or (self.config.vbuckets is None and not self._placed):
             self._move(Phase.SEQNOS)
             self._request(Request.SEQNOS, "GET_ALL_VB_SEQNOS", now=now)
         else:
             self._open(now)
+
+    # --- the cluster map -------------------------------------------------------------
+    def _on_config(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
+        self._config_asked = -1.0
+        cmap = self._read_map(frame, events)
+        if self.phase is Phase.CONFIG:
+            if cmap is not None:
+                self._place(cmap, events)
+            self._after_config(now, events)
+        else:  # streaming: the vbuckets that moved are requested here again, or handed over
+            self._relocate(events)
+
+    def _read_map(self, frame: Frame, events: list[ConsumerEvent]) -> ClusterMap | None:
+        """The map in a GET_CLUSTER_CONFIG reply, if it can route vbuckets (else: stay on this connection)."""
+        assert self.address is not None
+        why = ""
+        if frame.status != _SUCCESS:
+            why = f"not served ({status_text(frame.status)})"
+        else:
+            try:
+                cmap = parse_config(frame.value, connected=self.address)
+            except (ValueError, KeyError, TypeError) as exc:
+                why = f"unreadable ({server_text(str(exc))})"
+                events.append(ConsumerEvent("malformed", f"cluster map {why}"))
+            else:
+                me = _this_node(cmap, self.address, frame.value)
+                if not cmap.vbucket_map:
+                    why = "without a vbucket map"
+                elif len(cmap.vbucket_map) > _MAX_VBUCKET + 1:
+                    why = f"with {len(cmap.vbucket_map)} vbuckets (at most {_MAX_VBUCKET + 1})"
+                elif me is None:
+                    why = f"not naming this node {_address_text(self.address)}"
+                else:
+                    self.cluster_map, self.node_index = cmap, me
+                    self.tracker.follow_map = True
+                    text = f"rev {cmap.rev}: {len(cmap.nodes)} node(s), {len(cmap.vbucket_map)} vbuckets, this is node {me}"
+                    events.append(ConsumerEvent("cluster_map", text, data={"map": cmap, "node": me}))
+                    return cmap
+        if self.cluster_map is None:
+            self.tracker.follow_map = False
+            events.append(ConsumerEvent("cluster_map", f"{why}: every vbucket stays on this connection"))
+        else:
+            events.append(ConsumerEvent("cluster_map", f"{why}: keeping rev {self.cluster_map.rev}"))
+        return None
+
+    def _place(self, cmap: ClusterMap, events: list[ConsumerEvent]) -> None:
+        """Bootstrap: keep the vbuckets active on this node, hand the others over."""
+        self._placed = True
+        if self.config.vbuckets is None:
+            for vb in range(len(cmap.vbucket_map)):
+                if vb not in self.streams:
+                    self.tracker.add(vb)
+        for st in list(self.streams.values()):
+            node = cmap.active_node(st.vbucket)
+            if node is not None and node != self.node_index and not st.finished:
+                self.tracker.hand_over(st, cmap.nodes[node], events)
+                del self.streams[st.vbucket]
+
+    def _again(self, st: StreamInfo, events: list[ConsumerEvent]) -> None:
+        """Request ``st`` again: here, or once the cluster map says where its vbucket lives."""
+        if st.status is not StreamStatus.LOCATING:
+            self._stream_request(st, events)
+        elif self._config_asked < 0:  # one map request serves every vbucket that moved meanwhile
+            self._config_asked = self._now
+            self._request(Request.CONFIG, "GET_CLUSTER_CONFIG")
+
+    def _relocate(self, events: list[ConsumerEvent]) -> None:
+        cmap = self.cluster_map
+        for st in [s for s in self.streams.values() if s.status is StreamStatus.LOCATING]:
+            node = cmap.active_node(st.vbucket) if cmap is not None else None
+            if cmap is None or node is None or node == self.node_index or not self.tracker.follow_map:
+                self._stream_request(st, events)  # still here (or nowhere known): ask this node again
+            else:
+                self.tracker.hand_over(st, cmap.nodes[node], events)
 
     def _on_seqnos(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
         if frame.status != _SUCCESS:
@@ -516,7 +658,7 @@ class DcpConsumer:
         self._await(frame.opaque, Request.STAT, detail, frame.opcode)  # more responses follow
 
     def _seqnos_known(self, now: float, events: list[ConsumerEvent]) -> None:
-        if self.config.vbuckets is None:  # every vbucket the server has
+        if self.config.vbuckets is None and not self._placed:  # every vbucket the server has
             for vb in sorted(self._high):
                 self.tracker.add(vb)
         mine = {vb: self._high.get(vb) for vb in self.streams}
@@ -583,7 +725,7 @@ class DcpConsumer:
 
     def _on_stream_req(self, frame: Frame, d: Dissection, st: StreamInfo, now: float, events: list[ConsumerEvent]) -> None:
         if st.opaque == frame.opaque and st.status is StreamStatus.REQUESTED and self.tracker.on_reply(st, d, events):
-            self._stream_request(st, events)  # after a rollback
+            self._again(st, events)  # after a rollback, or a not-my-vbucket
 
     # --- flow control, completion, failure ---------------------------------------------
     def _maybe_ack(self, events: list[ConsumerEvent]) -> None:
@@ -628,12 +770,35 @@ REPLY_HANDLERS: dict[Request, ReplyHandler] = {
     Request.SASL_MECHS: DcpConsumer._on_sasl_mechs,
     Request.SASL_AUTH: DcpConsumer._on_sasl_auth,
     Request.SELECT_BUCKET: DcpConsumer._on_select_bucket,
+    Request.CONFIG: DcpConsumer._on_config,
     Request.SEQNOS: DcpConsumer._on_seqnos,
     Request.STAT: DcpConsumer._on_stat,
     Request.OPEN: DcpConsumer._on_open,
     Request.CONTROL: DcpConsumer._on_control,
     Request.STREAM_REQ: DcpConsumer._on_stream_req,
 }
+
+
+def _address_text(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _this_node(cmap: ClusterMap, address: tuple[str, int], raw: bytes) -> int | None:
+    """This node's server index: the node at the address connected to, else the one marked ``thisNode``, else a lone node."""
+    if address in cmap.nodes:
+        return cmap.nodes.index(address)
+    this = getattr(cmap, "this_node", None)
+    if this is None:
+        try:
+            entries = json.loads(raw).get("nodesExt", [])
+            marked = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("thisNode") is True]
+        except (ValueError, AttributeError):
+            marked = []
+        this = marked[0] if len(marked) == 1 else None
+    if isinstance(this, int) and 0 <= this < len(cmap.nodes):
+        return this
+    return 0 if len(cmap.nodes) == 1 else None
 
 
 def _exc_text(exc: BaseException) -> str:

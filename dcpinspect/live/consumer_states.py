@@ -54,6 +54,7 @@ class Phase(StrEnum):
     SASL_MECHS = "sasl_mechs"
     SASL_AUTH = "sasl_auth"
     SELECT_BUCKET = "select_bucket"
+    CONFIG = "config"  # GET_CLUSTER_CONFIG: which node holds which vbucket
     SEQNOS = "seqnos"
     OPEN = "open"
     CONTROLS = "controls"
@@ -70,7 +71,8 @@ PHASE_TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
     _P.HELLO: frozenset((_P.SASL_MECHS,)) | ENDS,
     _P.SASL_MECHS: frozenset((_P.SASL_AUTH,)) | ENDS,
     _P.SASL_AUTH: frozenset((_P.SELECT_BUCKET,)) | ENDS,  # SCRAM's second step stays in SASL_AUTH
-    _P.SELECT_BUCKET: frozenset((_P.SEQNOS, _P.OPEN)) | ENDS,
+    _P.SELECT_BUCKET: frozenset((_P.CONFIG, _P.SEQNOS, _P.OPEN)) | ENDS,
+    _P.CONFIG: frozenset((_P.SEQNOS, _P.OPEN)) | ENDS,  # every vbucket elsewhere: DONE
     _P.SEQNOS: frozenset((_P.OPEN,)) | ENDS,  # the STAT fallback stays in SEQNOS
     _P.OPEN: frozenset((_P.CONTROLS,)) | ENDS,
     _P.CONTROLS: frozenset((_P.STREAMING,)) | ENDS,
@@ -87,6 +89,7 @@ class Request(StrEnum):
     SASL_MECHS = "SASL_MECHS"
     SASL_AUTH = "SASL_AUTH"  # SASL_AUTH and SASL_STEP
     SELECT_BUCKET = "SELECT_BUCKET"
+    CONFIG = "CONFIG"  # GET_CLUSTER_CONFIG
     SEQNOS = "SEQNOS"  # GET_ALL_VB_SEQNOS
     STAT = "STAT"  # STAT vbucket-seqno, when GET_ALL_VB_SEQNOS is refused
     OPEN = "OPEN"
@@ -101,10 +104,11 @@ AWAITS: Mapping[Phase, frozenset[Request]] = {
     _P.SASL_MECHS: frozenset((_R.SASL_MECHS,)),
     _P.SASL_AUTH: frozenset((_R.SASL_AUTH,)),
     _P.SELECT_BUCKET: frozenset((_R.SELECT_BUCKET,)),
+    _P.CONFIG: frozenset((_R.CONFIG,)),
     _P.SEQNOS: frozenset((_R.SEQNOS, _R.STAT)),
     _P.OPEN: frozenset((_R.OPEN,)),
     _P.CONTROLS: frozenset((_R.CONTROL,)),
-    _P.STREAMING: frozenset((_R.STREAM_REQ,)),
+    _P.STREAMING: frozenset((_R.STREAM_REQ, _R.CONFIG)),  # the map again when a vbucket moved
     _P.DONE: frozenset(),
     _P.FAILED: frozenset(),
 }
@@ -117,21 +121,26 @@ class StreamStatus(StrEnum):
     REQUESTED = "requested"  # a stream request awaits its reply
     STREAMING = "streaming"
     CLOSING = "closing"  # closed by the client; the producer's STREAM_END(Closed) is awaited
+    LOCATING = "locating"  # the vbucket moved (StateChanged, NOT_MY_VBUCKET): the cluster map is awaited
     ENDED = "ended"
     FAILED = "failed"
+    MOVED = "moved"  # handed over to the connection to the node that now holds the vbucket active
 
 
 _S = StreamStatus
-#: the statuses a stream ends in
-FINISHED = frozenset((_S.ENDED, _S.FAILED))
-#: every move of a stream.  REQUESTED -> REQUESTED is a rollback's retry; STREAMING -> REQUESTED a re-request.
+#: the statuses a stream ends in (on this connection: a MOVED stream goes on over another one)
+FINISHED = frozenset((_S.ENDED, _S.FAILED, _S.MOVED))
+#: every move of a stream.  REQUESTED -> REQUESTED is a rollback's retry; STREAMING -> REQUESTED a re-request;
+#: LOCATING waits for the cluster map, then requests again here or hands the stream over (MOVED).
 STREAM_TRANSITIONS: Mapping[StreamStatus, frozenset[StreamStatus]] = {
     _S.PENDING: frozenset((_S.REQUESTED,)) | FINISHED,
-    _S.REQUESTED: frozenset((_S.REQUESTED, _S.STREAMING)) | FINISHED,
-    _S.STREAMING: frozenset((_S.REQUESTED, _S.CLOSING)) | FINISHED,
+    _S.REQUESTED: frozenset((_S.REQUESTED, _S.STREAMING, _S.LOCATING)) | FINISHED,
+    _S.STREAMING: frozenset((_S.REQUESTED, _S.CLOSING, _S.LOCATING)) | FINISHED,
     _S.CLOSING: frozenset((_S.ENDED,)),
+    _S.LOCATING: frozenset((_S.REQUESTED, _S.ENDED, _S.FAILED, _S.MOVED)),
     _S.ENDED: frozenset(),
     _S.FAILED: frozenset(),
+    _S.MOVED: frozenset(),
 }
 
 
@@ -140,7 +149,9 @@ class ConsumerEvent:
     """Something that happened on the connection.
 
     ``kind`` is one of: ``hello``, ``authenticated``, ``auth_failed``,
-    ``bucket_selected``, ``seqnos``, ``opened``, ``control``,
+    ``bucket_selected``, ``cluster_map`` (what GET_CLUSTER_CONFIG answered), ``moved`` (a vbucket
+    lives on another node: ``data`` holds its :class:`~dcpinspect.live.consumer_streams.Handoff`),
+    ``seqnos``, ``opened``, ``control``,
     ``control_rejected``, ``stream_requested``, ``stream_started``,
     ``rollback``, ``stream_failed``, ``stream_end``, ``rerequest``,
     ``snapshot``, ``mutation``, ``deletion``, ``expiration``, ``prepare``,
@@ -156,6 +167,8 @@ class ConsumerEvent:
     vbucket: int | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
     dissection: Dissection | None = field(default=None, repr=False, compare=False)
+    #: ``host:port`` of the connection it happened on, when the client has several (see ``ClusterConsumer``)
+    node: str = ""
 
     def __str__(self) -> str:
         where = f"vb {self.vbucket}: " if self.vbucket is not None else ""

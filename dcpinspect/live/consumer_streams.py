@@ -13,6 +13,13 @@ point (kv_engine's ``docs/dcp``; REFERENCE.md has each message's layout).
    :data:`~dcpinspect.protocol.session.STREAM_MESSAGES`.
 3. The position is committed only where the stream could resume without losing
    anything: a complete snapshot, an OSO end, a stream end, a rollback.
+4. Each stream-end reason has its documented action, read from
+   :data:`~dcpinspect.protocol.session.STREAM_END_REREQUEST` (request again from the
+   resume point) and :data:`~dcpinspect.protocol.session.STREAM_END_NORMAL` (stop).
+   When the connection follows the cluster map, a StateChanged end (a Rollback arrives
+   as one) and a NOT_MY_VBUCKET reply first ask where the vbucket lives now
+   (:attr:`~.consumer_states.StreamStatus.LOCATING`); a vbucket active on another node
+   is handed over (:class:`Handoff`) to the connection to that node.
 """
 
 from __future__ import annotations
@@ -25,14 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import spec
-from ..protocol.enums import Opcode, OsoFlag, SnapshotFlag, Status
+from ..protocol.enums import Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
 from ..protocol.rules import MAX_SEQNO
-from ..protocol.session import SEQNO_FIELD, STREAM_END_NORMAL, STREAM_END_REREQUEST
+from ..protocol.session import SEQNO_FIELD, STREAM_END_NEVER_SENT, STREAM_END_NORMAL, STREAM_END_REREQUEST
 from ..wire.dissection import Dissection
 from .consumer_states import FINISHED, STREAM_TRANSITIONS, ConsumerEvent, StreamStatus, TransitionError, server_text, status_text
 from .resume import ResumeState, VbState
 
-__all__ = ["STREAM_MESSAGE_HANDLERS", "StreamInfo", "Streams", "need"]
+__all__ = ["STREAM_END_RELOCATE", "STREAM_MESSAGE_HANDLERS", "Handoff", "StreamInfo", "Streams", "need"]
 
 _ = Opcode
 #: the event kind of each item message
@@ -46,6 +53,10 @@ _SET_VBUCKET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
 _ROLLBACK = int(Status.ROLLBACK)
 _OSO_START = int(OsoFlag.START)
 _OSO_END = int(OsoFlag.END)
+_NOT_MY_VBUCKET = int(Status.NOT_MY_VBUCKET)
+#: stream-end reasons after which the vbucket may live on another node: a client that follows the cluster
+#: map asks for it again before re-requesting (kv_engine sends Rollback as StateChanged)
+STREAM_END_RELOCATE: frozenset[int] = frozenset(int(s) for s in (StreamEndStatus.STATE_CHANGED, StreamEndStatus.ROLLBACK))
 
 
 @dataclass
@@ -73,6 +84,7 @@ class StreamInfo:
     oso_max: int = 0
     retries_in_a_row: int = 0
     requested_at: float = 0.0  # when the pending stream request was sent
+    moves: int = 0  # times the stream moved to another node
 
     @property
     def finished(self) -> bool:
@@ -84,6 +96,25 @@ class StreamInfo:
         if to not in STREAM_TRANSITIONS[self.status]:
             raise TransitionError(f"vb {self.vbucket}: stream {self.status} -> {to} is not in STREAM_TRANSITIONS")
         self.status = to
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A vbucket's stream leaving this connection for ``address``, the node the cluster map names active.
+
+    ``position`` is where it resumes there (the last consistent point); the rest
+    carries the stream's history on (counters, the retry budget, a to-latest end).
+    """
+
+    vbucket: int
+    address: tuple[str, int]
+    position: VbState
+    high_seqno: int | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+    rollbacks: int = 0
+    rerequests: int = 0
+    retries_in_a_row: int = 0
+    moves: int = 0
 
 
 class Streams:
@@ -115,11 +146,53 @@ class Streams:
         self._flags = flags
         self._value = dict(value or {})
         self._closing_since = 0.0
+        #: the connection follows the cluster map: StateChanged and NOT_MY_VBUCKET locate the vbucket first
+        self.follow_map = False
 
     def add(self, vb: int) -> None:
         """A stream for vbucket ``vb``, starting where the committed state says."""
         pos = copy.deepcopy(self.committed.vbuckets.get(vb, VbState()))
         self.streams[vb] = StreamInfo(vb, pos, sid=vb + 1 if self._stream_ids else None)
+
+    def adopt(self, h: Handoff) -> StreamInfo:
+        """Take over the stream ``h`` hands over (from the connection to the node it left): it starts pending."""
+        self.committed.vbuckets[h.vbucket] = copy.deepcopy(h.position)
+        st = StreamInfo(h.vbucket, copy.deepcopy(h.position), sid=h.vbucket + 1 if self._stream_ids else None)
+        st.high_seqno, st.counts = h.high_seqno, Counter(h.counts)
+        st.rollbacks, st.rerequests, st.retries_in_a_row, st.moves = h.rollbacks, h.rerequests, h.retries_in_a_row, h.moves
+        old = self.streams.get(h.vbucket)
+        if old is not None:
+            self.by_opaque.pop(old.opaque, None)
+        self.streams[h.vbucket] = st
+        return st
+
+    def hand_over(self, st: StreamInfo, address: tuple[str, int], events: list[ConsumerEvent]) -> Handoff:
+        """``st`` moves to the connection to ``address``: it is MOVED here and leaves the committed state."""
+        st.move(StreamStatus.MOVED)
+        self.by_opaque.pop(st.opaque, None)
+        self.committed.vbuckets.pop(st.vbucket, None)
+        h = Handoff(
+            st.vbucket,
+            address,
+            copy.deepcopy(st.position),
+            st.high_seqno,
+            Counter(st.counts),
+            st.rollbacks,
+            st.rerequests,
+            st.retries_in_a_row + 1,
+            st.moves + 1,
+        )
+        host, port = address
+        events.append(ConsumerEvent("moved", f"now active on {_address_text(host, port)}", st.vbucket, {"handoff": h}))
+        return h
+
+    def locate(self, st: StreamInfo) -> None:
+        """``st`` waits for the cluster map to say where its vbucket lives."""
+        st.move(StreamStatus.LOCATING)
+        self.by_opaque.pop(st.opaque, None)
+        st.marker = None
+        st.marker_ack = None
+        st.oso = False
 
     # --- the stream's life --------------------------------------------------------
     def startable(self, events: list[ConsumerEvent]) -> Iterator[StreamInfo]:
@@ -166,11 +239,19 @@ class Streams:
         events.append(ConsumerEvent("stream_requested", what, st.vbucket, extras))
 
     def on_reply(self, st: StreamInfo, d: Dissection, events: list[ConsumerEvent]) -> bool:
-        """The reply to ``st``'s stream request; whether to request again (after a rollback)."""
+        """The reply to ``st``'s stream request; whether to request again (after a rollback, or once located)."""
         status = d.frame.status
         if status == _SUCCESS:
             self.accepted(st, d, events)
             return False
+        if status == _NOT_MY_VBUCKET and self.follow_map:
+            st.retries_in_a_row += 1
+            if st.retries_in_a_row > self.max_rollbacks:
+                self.fail(st, f"not my vbucket {st.retries_in_a_row - 1} times in a row; giving up", events, d)
+                return False
+            events.append(ConsumerEvent("rerequest", "not my vbucket: asking the cluster map where it lives", st.vbucket))
+            self.locate(st)
+            return True
         if status == _ROLLBACK:
             r = d.body.get("rollback_seqno")
             if isinstance(r, int):
@@ -380,10 +461,19 @@ class Streams:
             if st.retries_in_a_row > self.max_rollbacks:
                 self.fail(st, f"stream ended {name} {st.retries_in_a_row - 1} times in a row; giving up", events)
                 return None
-            events.append(ConsumerEvent("rerequest", f"after {name}", st.vbucket))
+            if self.follow_map and status in STREAM_END_RELOCATE:
+                events.append(ConsumerEvent("rerequest", f"after {name}, where the cluster map says the vbucket lives", st.vbucket))
+                self.locate(st)
+            else:
+                events.append(ConsumerEvent("rerequest", f"after {name}", st.vbucket))
             return st
         elif status in STREAM_END_NORMAL:
             self.end(st, name, events)
+        elif status in STREAM_END_NEVER_SENT:  # the reason a stream ends when its connection goes: never on the wire
+            events.append(ConsumerEvent("malformed", f"stream end {name}, which a server never sends", st.vbucket, dissection=d))
+            st.end_reason = name
+            self.commit(st, events)
+            self.fail(st, f"stream ended: {name} (a reason never sent on the wire)", events)
         else:
             st.end_reason = name
             self.commit(st, events)
@@ -448,3 +538,8 @@ def need(values: Mapping[str, Any], name: str) -> int:
     if not isinstance(v, int):
         raise ValueError(f"field {name} missing (frame too short)")
     return v
+
+
+def _address_text(host: str, port: int) -> str:
+    """``host:port`` (``[v6]:port``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

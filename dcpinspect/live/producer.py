@@ -5,7 +5,8 @@ bytes come out of :meth:`ProducerConnection.data_to_send`, time is passed in.
 Frames are built only with :func:`dcpinspect.wire.encode` and requests read only
 with :class:`~dcpinspect.wire.decoder.FrameDecoder` + :func:`dcpinspect.wire.dissect`.
 The data served lives in a :class:`~dcpinspect.live.cluster.Cluster`; the
-streams are :class:`~dcpinspect.live.producer_streams.StreamingMixin`'s.
+streams are :class:`~dcpinspect.live.producer_streams.StreamingMixin`'s, the KV,
+cluster-map, collections and stat commands :class:`~dcpinspect.live.kv.DataNodeMixin`'s.
 
 1. Requests are handled in order, one at a time, each by the handler its opcode
    names in the dispatch table; an opcode without one is answered UnknownCommand.
@@ -16,14 +17,23 @@ streams are :class:`~dcpinspect.live.producer_streams.StreamingMixin`'s.
    QUIT before it).
 2. Every request is answered except: DCP_BUFFER_ACKNOWLEDGEMENT, and
    DCP_SEQNO_ACKNOWLEDGED when it succeeds.  A DCP command on a connection
-   without DCP_OPEN, QUIT, garbage, or a DCP name reused on another connection
-   close the connection instead (:attr:`ProducerConnection.close_reason` says which).
+   without DCP_OPEN is EINVAL and the connection stays open (GET_FAILOVER_LOG
+   0x96 works on any connection).  QUIT, garbage, a DCP_NOOP *request*, a noop
+   reply with an opaque the producer never sent, or a DCP name reused on another
+   connection close the connection (:attr:`ProducerConnection.close_reason` says which).
 3. What the connection negotiated (HELLO features, DCP_OPEN flags, DCP_CONTROL
    keys) is tracked by a :class:`~dcpinspect.flows.session.ConnState` fed the
    requests received and the responses sent, exactly as a capture's connection is.
 4. DCP_CONTROL is answered by the table's rule
-   (:func:`~dcpinspect.protocol.session.control_status`); an accepted key's effect
-   on this connection (noops, flow control) is applied from a small table.
+   (:func:`~dcpinspect.protocol.session.control_status`); the value kept
+   (:func:`~dcpinspect.protocol.session.control_value`: a one-way switch stays on)
+   and its effect on this connection (noops, flow control) come from the table too.
+5. Noops (kv_engine engines/ep/src/dcp/producer.cc ``maybeSendNoop``,
+   ``maybeDisconnect``): once ``enable_noop`` is on, :meth:`ProducerConnection.tick`
+   sends one whenever the noop interval (default 20 s) has passed since the last
+   noop sent, whether or not data flows, but never a second while one is
+   unanswered; the connection is dropped after the cluster's ``idle_timeout``
+   (kv_engine's ``dcp_idle_timeout``, 360 s) with nothing received from the consumer.
 
 >>> from dcpinspect import encode
 >>> from dcpinspect.live.cluster import Cluster
@@ -48,8 +58,17 @@ from typing import Any
 from ..flows.session import ConnState
 from ..protocol import spec
 from ..protocol.enums import Datatype, Feature, Magic, Opcode, OpenFlag, Status, VBucketState
+from ..protocol.session import (
+    DEFAULT_NOOP_INTERVAL,
+    NOOP_OPAQUE_BASE,
+    SESSION_OPS,
+    control_on,
+    control_status,
+    control_value,
+    parse_float,
+    parse_u32,
+)
 from ..protocol.session import REQUEST_MAGICS as _REQUESTS
-from ..protocol.session import SESSION_OPS, control_status
 from ..wire.decoder import FrameDecoder
 from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext, Dissection
@@ -58,15 +77,14 @@ from ..wire.events import Frame, Garbage
 from ..wire.framing import parse_frame_infos
 from . import sasl
 from .cluster import Bucket, Cluster
+from .kv import DataNodeMixin
 from .producer_streams import StreamingMixin, json_value
 
 __all__ = ["HANDLED_OPCODES", "NOOP_OPAQUE_BASE", "SUPPORTED_FEATURES", "UNANSWERED", "ProducerConnection"]
 
-#: the server's noop opaques are a counter starting here
-NOOP_OPAQUE_BASE = 10000001
-#: kv_engine's dcp_noop_tx_interval default (seconds)
-DEFAULT_NOOP_INTERVAL = 1.0
-#: HELLO features the simulator accepts, answered in the client's order
+#: HELLO features the simulator accepts (each one is implemented), answered in the client's order.
+#: Not Duplex, clustermap-change notifications, unordered execution or tracing: it pushes nothing,
+#: answers in order and sends no server durations.
 SUPPORTED_FEATURES: frozenset[int] = frozenset(
     int(f)
     for f in (
@@ -77,7 +95,6 @@ SUPPORTED_FEATURES: frozenset[int] = frozenset(
         Feature.SELECT_BUCKET,
         Feature.SNAPPY,
         Feature.JSON,
-        Feature.DUPLEX,
         Feature.ALT_REQUEST_SUPPORT,
         Feature.SYNC_REPLICATION,
         Feature.COLLECTIONS,
@@ -99,22 +116,9 @@ _OPEN_INVALID = int(OpenFlag.INVALID | OpenFlag.UNUSED | OpenFlag.REMOVED) | ~in
 _ANY_STATE = 0  # GET_ALL_VB_SEQNOS: every state but dead
 _LIVE_STATES = frozenset(int(s) for s in (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING))
 _MAX_STATE = max(VBucketState)
-_DEAD = int(VBucketState.DEAD)
-_VBUCKET_SEQNO_STATS = (
-    "high_seqno",
-    "abs_high_seqno",
-    "last_persisted_seqno",
-    "uuid",
-    "purge_seqno",
-    "last_persisted_snap_start",
-    "last_persisted_snap_end",
-    "high_prepared_seqno",
-    "high_completed_seqno",
-    "max_visible_seqno",
-)
 
 
-class ProducerConnection(StreamingMixin):
+class ProducerConnection(DataNodeMixin, StreamingMixin):
     """One client connection to the simulated data node (sans-IO).
 
     Feed it the client's bytes with :meth:`receive`; take its output with
@@ -124,8 +128,10 @@ class ProducerConnection(StreamingMixin):
     (:attr:`closed`, :attr:`close_reason`).
     """
 
-    def __init__(self, cluster: Cluster, *, peer: str = "", now: float = 0.0) -> None:
+    def __init__(self, cluster: Cluster, *, node: int = 0, peer: str = "", now: float = 0.0) -> None:
         self.cluster = cluster
+        #: the data node (server index in the cluster map) this connection was made to
+        self.node = node
         self.peer = peer
         self._decoder = FrameDecoder()
         self._pending = bytearray()  # bytes fed to the decoder that are not yet in an event
@@ -143,8 +149,8 @@ class ProducerConnection(StreamingMixin):
         self.noop_enabled = False
         self.noop_interval = DEFAULT_NOOP_INTERVAL
         self._noop_pending = False
-        self._noop_sent_at = 0.0
-        self._noop_opaque = NOOP_OPAQUE_BASE
+        self._noop_sent_at = now  # kv_engine starts the noop clock when the connection is made
+        self._noop_opaque = NOOP_OPAQUE_BASE - 1  # the last noop opaque sent (none yet)
         self.last_receive = now
         self.last_send = now
         self.sent_frames = 0
@@ -262,19 +268,34 @@ class ProducerConnection(StreamingMixin):
         self.pump_streams(now)
 
     def tick(self, now: float) -> None:
-        """Time passes: noops, idle disconnect, slow-consumer stream ends, then :meth:`pump`."""
+        """Time passes: idle disconnect, noops, slow stream ends, then :meth:`pump`."""
         if self.closed:
             return
         if self.noop_enabled and now - self.last_receive > self.cluster.idle_timeout:
-            self.close(f"no reply from the consumer for {self.cluster.idle_timeout:g} s (noop unanswered)")
+            self.close(f"nothing received from the consumer for {self.cluster.idle_timeout:g} s (dcp_idle_timeout, noop on)")
             return
-        if self.noop_enabled and not self._noop_pending and now - max(self.last_send, self._noop_sent_at) >= self.noop_interval:
-            self._noop_opaque += 1
-            self._send(encode("DCP_NOOP", opaque=self._noop_opaque - 1), now)
-            self._noop_pending = True
-            self._noop_sent_at = now
+        self._maybe_send_noop(now)
         self.end_slow_streams(now)
         self.pump(now)
+
+    def _maybe_send_noop(self, now: float) -> None:
+        """kv_engine engines/ep/src/dcp/producer.cc ``maybeSendNoop``: periodic, one outstanding at a time.
+
+        A noop goes out once the interval has passed since the last noop sent, whether or not
+        data flowed meanwhile, unless the previous one is still unanswered.
+        """
+        if self.noop_enabled and not self._noop_pending and now - self._noop_sent_at >= self.noop_interval:
+            self._noop_opaque += 1
+            self._send(encode("DCP_NOOP", opaque=self._noop_opaque), now)
+            self._noop_pending = True
+            self._noop_sent_at = now
+
+    @property
+    def next_noop_at(self) -> float | None:
+        """When :meth:`tick` sends the next noop (``None``: noops off, or one is unanswered)."""
+        if not self.noop_enabled or self._noop_pending or self.closed:
+            return None
+        return self._noop_sent_at + self.noop_interval
 
     # --- request dispatch ---------------------------------------------------------------
     def _handle(self, d: Dissection, now: float) -> None:
@@ -306,14 +327,17 @@ class ProducerConnection(StreamingMixin):
 
     def _handle_response(self, d: Dissection, now: float) -> None:
         op = d.frame.opcode
-        if op == Opcode.DCP_NOOP and d.frame.opaque == self._noop_opaque - 1:
+        if op == Opcode.DCP_NOOP:
+            self._noop_response(d, now)
+            return
+        self._stream_response(d, now)  # takeover and snapshot-marker acks, stream-end replies
+
+    def _noop_response(self, d: Dissection, now: float) -> None:
+        """A noop reply must carry the opaque of the last noop sent (producer.cc ``handleResponse``)."""
+        if d.frame.opaque == self._noop_opaque and d.frame.status == Status.SUCCESS:
             self._noop_pending = False
-        elif op == Opcode.DCP_SET_VBUCKET_STATE:  # a takeover's ack
-            for st in self.streams.values():
-                if st.takeover and st.opaque == d.frame.opaque:
-                    self._takeover_ack(st, now)
-                    self.pump(now)
-                    break
+        elif self.dcp_name is not None:
+            self.close(f"unexpected DCP_NOOP response (opaque {d.frame.opaque}, status 0x{d.frame.status:02x}) from the consumer")
 
     # --- session -----------------------------------------------------------------
     def _hello(self, d: Dissection, now: float) -> None:
@@ -370,8 +394,15 @@ class ProducerConnection(StreamingMixin):
         self._reply(d, value={"version": version, "revision": 1, "errors": errors}, now=now)
 
     def _select_bucket(self, d: Dissection, now: float) -> None:
+        """SELECT_BUCKET as kv_engine daemon/protocol/mcbp/select_bucket_executor.cc answers it.
+
+        An unknown bucket is KeyEnoent for a user allowed every bucket (the simulator's users
+        are); NotSupported on a DCP connection.
+        """
         name = d.key_text
-        if name == "@no bucket@":
+        if self.dcp_name is not None:
+            self._reply(d, Status.NOT_SUPPORTED, now=now)
+        elif name == "@no bucket@":
             self.bucket = None
             self._reply(d, now=now)
         elif name in self.cluster.buckets:
@@ -413,50 +444,21 @@ class ProducerConnection(StreamingMixin):
         if b is None:
             return
         vbid = d.frame.vbucket or 0
-        if vbid >= len(b.vbuckets) or b.vbuckets[vbid].state == _DEAD:
+        if not self.holds_vbucket(b, vbid):  # only a vbucket this node has no copy of; a dead one returns its log
             self._reply(d, Status.NOT_MY_VBUCKET, now=now)
             return
         self._reply(d, value=list(b.vbuckets[vbid].failover_log), now=now)
 
-    def _stat(self, d: Dissection, now: float) -> None:
-        """STAT ``failovers`` / ``vbucket-seqno`` [vbucket]: one response per stat, then an empty one."""
-        b = self._need_bucket(d, now)
-        if b is None:
-            return
-        group, _, arg = d.key_text.partition(" ")
-        vbs = b.vbuckets
-        if arg:
-            if not arg.isdigit() or int(arg) >= len(vbs):
-                self._reply(d, Status.NOT_MY_VBUCKET if arg.isdigit() else Status.EINVAL, now=now)
-                return
-            vbs = [vbs[int(arg)]]
-        stats: list[tuple[str, str]] = []
-        if group == "failovers":
-            for vb in vbs:
-                stats.append((f"vb_{vb.id}:num_entries", str(len(vb.failover_log))))
-                stats.append((f"vb_{vb.id}:num_erroneous_entries_erased", "0"))
-                for i, (uuid, seqno) in enumerate(vb.failover_log):
-                    stats += [(f"vb_{vb.id}:{i}:id", str(uuid)), (f"vb_{vb.id}:{i}:seq", str(seqno))]
-        elif group == "vbucket-seqno":
-            for vb in vbs:
-                h = vb.high_seqno
-                hps = max((r.seqno for r in vb.log if r.kind == "prepare"), default=0)
-                hcs = max((r.prepared_seqno for r in vb.log if r.kind in ("commit", "abort")), default=0)
-                mvs = max((r.seqno for r in vb.log if r.kind not in ("prepare", "abort")), default=0)
-                values = (h, h, h, vb.uuid, vb.purge_seqno, h, h, hps, hcs, mvs)
-                stats += [(f"vb_{vb.id}:{name}", str(value)) for name, value in zip(_VBUCKET_SEQNO_STATS, values, strict=True)]
-        else:
-            self._reply(d, Status.KEY_ENOENT, now=now)
-            return
-        for k, v in stats:
-            self._reply(d, key=k, value=v, now=now)
-        self._reply(d, now=now)
-
     # --- DCP session ----------------------------------------------------------------
     def _dcp_conn(self, d: Dissection, now: float) -> bool:
+        """A DCP command needs a DCP connection: before DCP_OPEN it is EINVAL and the connection stays open.
+
+        (kv_engine daemon/mcbp_validators.cc ``verify_common_dcp_restrictions``: "The command can
+        only be sent on a DCP connection"; GET_FAILOVER_LOG 0x96 is exempt.)
+        """
         if self.dcp_name is None:
-            # a DCP command on a connection that is not a DCP producer: the server disconnects
-            self.close(f"{d.name} on a connection without DCP_OPEN")
+            context = {"error": {"context": "The command can only be sent on a DCP connection"}}
+            self._reply(d, Status.EINVAL, value=context, datatype=Datatype.JSON, now=now)
             return False
         return True
 
@@ -471,8 +473,9 @@ class ProducerConnection(StreamingMixin):
             self._reply(d, Status.NOT_SUPPORTED, now=now)  # simulator limit: it only plays the producer side
             return
         name = d.key_text
-        for other in list(self.cluster.connections):
-            if other is not self and other.dcp_name == name and other.bucket is self.bucket:
+        for other in list(self.cluster.connections):  # a name is unique per bucket on one node (kv_engine's DcpConnMap)
+            same_node = getattr(other, "node", 0) == self.node
+            if other is not self and other.dcp_name == name and other.bucket is self.bucket and same_node:
                 other.close(f"DCP connection name {name!r} reused by a new connection")
         self._reply(d, now=now)  # the session takes the name and flags from this reply
 
@@ -480,10 +483,8 @@ class ProducerConnection(StreamingMixin):
         if not self._dcp_conn(d, now):
             return
         key = d.key_text
-        try:
-            value = d.frame.value.decode()
-        except UnicodeDecodeError:
-            value = ""
+        value = d.frame.value.decode("utf-8", "surrogateescape")  # kv_engine compares bytes: any bytes are "any value"
+        previous = self.controls.get(key)
         status = control_status(
             key,
             value,
@@ -492,18 +493,25 @@ class ProducerConnection(StreamingMixin):
             controls=self.controls,
             stream_ids=self.stream_ids,
         )
-        effect = _CONTROL_EFFECTS.get(key)
-        if status == Status.SUCCESS and effect is not None:
-            effect(self, value)
         self._reply(d, status, now=now)  # the session records an accepted key from this reply
+        if status == Status.SUCCESS:
+            kept = control_value(key, value, previous)
+            self.session.controls[key] = kept  # a one-way setting that is on stays on
+            effect = _CONTROL_EFFECTS.get(key)
+            if effect is not None:
+                effect(self, kept)
 
     def _get_failover_log_dcp(self, d: Dissection, now: float) -> None:
         if self._dcp_conn(d, now):
             self._failover_log(d, now)
 
     def _dcp_noop_req(self, d: Dissection, now: float) -> None:
+        """A DCP_NOOP *request* from the consumer: the producer disconnects.
+
+        (kv_engine engines/ep/src/connhandler.cc ``ConnHandler::noop``: a producer does not support it.)
+        """
         if self._dcp_conn(d, now):
-            self._reply(d, now=now)
+            self.close("DCP_NOOP request from the consumer (a producer disconnects)")
 
     def _consumer_only(self, d: Dissection, now: float) -> None:
         if self._dcp_conn(d, now):
@@ -539,15 +547,19 @@ def _open_ok(d: Dissection, flags: int) -> bool:
 
 
 def _set_noop(conn: ProducerConnection, value: str) -> None:
-    conn.noop_enabled = value == "true"
+    conn.noop_enabled = control_on("enable_noop", {"enable_noop": value})
 
 
 def _set_noop_interval(conn: ProducerConnection, value: str) -> None:
-    conn.noop_interval = float(value)
+    interval = parse_float(value)
+    if interval is not None:
+        conn.noop_interval = interval
 
 
 def _set_buffer_size(conn: ProducerConnection, value: str) -> None:
-    conn.buffer_size = int(value)
+    size = parse_u32(value)
+    if size is not None:
+        conn.buffer_size = size
 
 
 #: what an accepted DCP_CONTROL key does to the connection beyond being recorded in its session
@@ -596,6 +608,14 @@ _HANDLERS: dict[int, Callable[[ProducerConnection, Dissection, float], None]] = 
     Opcode.QUIT: ProducerConnection._quit,
     Opcode.NOOP: ProducerConnection._noop_kv,
     Opcode.STAT: ProducerConnection._stat,
+    Opcode.GET: ProducerConnection._kv_get,
+    Opcode.SET: ProducerConnection._kv_store,
+    Opcode.ADD: ProducerConnection._kv_store,
+    Opcode.REPLACE: ProducerConnection._kv_store,
+    Opcode.DELETE: ProducerConnection._kv_delete,
+    Opcode.GET_CLUSTER_CONFIG: ProducerConnection._cluster_config,
+    Opcode.COLLECTIONS_GET_MANIFEST: ProducerConnection._collections_manifest,
+    Opcode.COLLECTIONS_GET_ID: ProducerConnection._collection_id,
     Opcode.HELLO: ProducerConnection._hello,
     Opcode.SASL_LIST_MECHS: ProducerConnection._list_mechs,
     Opcode.SASL_AUTH: ProducerConnection._sasl_auth,

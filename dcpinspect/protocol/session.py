@@ -11,15 +11,20 @@ behaviour is written once:
    connection context); ``CONTEXT_EFFECTS`` says which part each one changes.
 3. ``EXPECTS_RESPONSE`` are the requests that are answered; producer stream
    messages, buffer acks and seqno acks are not.
-4. ``CONTROL_KEYS`` holds every DCP_CONTROL key with its accepted values, what it
-   requires, what it conflicts with, and whether it is refused outright;
-   :func:`control_status` applies them.
+4. ``CONTROL_KEYS`` holds every DCP_CONTROL key with its accepted values, the
+   values that turn it on, what it requires, what it conflicts with, and whether
+   it is refused outright; :func:`control_status` applies them and
+   :func:`control_value` / :func:`control_on` say what the connection keeps.
 5. ``STREAM_END_REREQUEST`` / ``STREAM_END_NORMAL`` say which stream-end reasons
-   call for a new stream request.
+   call for a new stream request and which end a stream for good.
+6. Noops: ``DEFAULT_NOOP_INTERVAL``, ``DCP_IDLE_TIMEOUT`` and ``NOOP_OPAQUE_BASE``
+   are the producer's liveness defaults.
 """
 
 from __future__ import annotations
 
+import re
+import struct
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
@@ -29,20 +34,28 @@ __all__ = [
     "CONNECTION_MANAGER_INTERVAL",
     "CONTEXT_EFFECTS",
     "CONTROL_KEYS",
+    "DCP_IDLE_TIMEOUT",
+    "DEFAULT_NOOP_INTERVAL",
     "EXPECTS_RESPONSE",
     "ITEMS",
+    "NOOP_OPAQUE_BASE",
     "REQUEST_MAGICS",
     "RESPONSE_MAGICS",
     "SASL_REQUESTS",
     "SEQNO_FIELD",
     "SESSION_OPS",
     "SESSION_START_OPS",
+    "STREAM_END_NEVER_SENT",
     "STREAM_END_NORMAL",
     "STREAM_END_REREQUEST",
     "STREAM_MESSAGES",
     "SYNC_WRITES",
     "ControlKey",
+    "control_on",
     "control_status",
+    "control_value",
+    "parse_float",
+    "parse_u32",
 ]
 
 _ = Opcode
@@ -135,21 +148,94 @@ SEQNO_FIELD: Mapping[int, str] = {
     _.DCP_SEQNO_ADVANCED: "seqno",
 }
 
-#: stream-end reasons after which a consumer requests the stream again (Rollback arrives as StateChanged)
+#: stream-end reasons after which a consumer requests the stream again where the vbucket lives on
+#: (kv_engine sends Rollback (6) as StateChanged (2) on the wire; Slow comes from a stalled disk backfill)
 STREAM_END_REREQUEST: frozenset[int] = frozenset(
     int(s) for s in (StreamEndStatus.STATE_CHANGED, StreamEndStatus.SLOW, StreamEndStatus.BACKFILL_FAIL, StreamEndStatus.ROLLBACK)
 )
-#: stream-end reasons that end a stream for good
-STREAM_END_NORMAL: frozenset[int] = frozenset(int(s) for s in (StreamEndStatus.OK, StreamEndStatus.CLOSED, StreamEndStatus.FILTER_EMPTY))
+#: stream-end reasons that end a stream for good: the consumer stops (OK: end seqno reached, Closed: it closed
+#: the stream, FilterEmpty: its collections were dropped, LostPrivileges: its user lost access).  Disconnected (3)
+#: is never sent on the wire: it is the reason a stream ends when its connection goes away.
+STREAM_END_NORMAL: frozenset[int] = frozenset(
+    int(s) for s in (StreamEndStatus.OK, StreamEndStatus.CLOSED, StreamEndStatus.FILTER_EMPTY, StreamEndStatus.LOST_PRIVILEGES)
+)
+#: stream-end reasons a producer never puts on the wire
+STREAM_END_NEVER_SENT: frozenset[int] = frozenset({int(StreamEndStatus.DISCONNECTED)})
 
 # ---------------------------------------------------------------------------
-# DCP_CONTROL
+# noops and liveness (kv_engine engines/ep/src/dcp/producer.cc ``maybeSendNoop``, engines/ep/configuration.json)
 
-#: the smallest noop interval a server accepts (seconds)
+#: the producer's noop interval until the consumer sets one (``set_noop_interval``); seconds
+DEFAULT_NOOP_INTERVAL = 20.0
+#: kv_engine's ``dcp_idle_timeout``: seconds without anything received from the consumer before the
+#: producer disconnects (noops on)
+DCP_IDLE_TIMEOUT = 360.0
+#: the server's noop opaques are a counter starting here
+NOOP_OPAQUE_BASE = 10000001
+
+# ---------------------------------------------------------------------------
+# DCP_CONTROL (kv_engine engines/ep/src/dcp/producer.cc ``DcpProducer::control``)
+
+#: the smallest noop interval a server accepts (seconds; kv_engine's connection_manager_interval default)
 CONNECTION_MANAGER_INTERVAL = 0.1
 
-_BOOL = frozenset({"true", "false"})
-_TRUE = frozenset({"true"})
+_C_SPACE = " \t\n\v\f\r"
+_FLOAT = re.compile(
+    r"[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+    r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    r"|(?i:inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?))",
+)
+_UINT = re.compile(r"[0-9]+")
+_INF = float("inf")
+
+
+def parse_u32(value: str) -> int | None:
+    """``value`` read as kv_engine's ``safe_strtoul`` reads it (utilities/util.cc), or ``None``.
+
+    Leading whitespace and one ``+`` are skipped, then decimal digits that must fit a
+    u32; anything after them must start with whitespace (and is ignored).
+    """
+    text = value.lstrip(_C_SPACE)
+    text = text.removeprefix("+")
+    m = _UINT.match(text)
+    if m is None or (m.end() < len(text) and text[m.end()] not in _C_SPACE):
+        return None
+    digits = m.group().lstrip("0") or "0"
+    if len(digits) > 10:
+        return None
+    n = int(digits)
+    return n if n < 2**32 else None
+
+
+def parse_float(value: str) -> float | None:
+    """``value`` read as kv_engine's ``safe_strtof`` reads it (C ``strtof``), or ``None``.
+
+    Leading whitespace, then a C float (decimal, hex, ``inf``, ``nan``); anything after it
+    must start with whitespace; an overflow is refused.
+    """
+    text = value.lstrip(_C_SPACE)
+    m = _FLOAT.match(text)
+    if m is None or (m.end() < len(text) and text[m.end()] not in _C_SPACE):
+        return None
+    token = m.group()
+    body = token.lstrip("+-")
+    if body[:2].lower() == "0x":
+        mantissa = body if "p" in body.lower() else body + "p0"
+        number = float.fromhex(("-" if token.startswith("-") else "") + mantissa)
+    elif body[:1].lower() == "n":
+        number = float("nan")
+    else:
+        number = float(token)
+    try:
+        rounded = _f32(number)
+    except OverflowError:
+        return None  # ERANGE
+    return None if rounded in (_INF, -_INF) and number not in (_INF, -_INF) else rounded
+
+
+def _f32(number: float) -> float:
+    """``number`` rounded to a C float (what strtof returns); OverflowError beyond the float range."""
+    return float(struct.unpack("f", struct.pack("f", number))[0])
 
 
 def _any(value: str) -> bool:
@@ -158,35 +244,40 @@ def _any(value: str) -> bool:
 
 
 def _uint32(value: str) -> bool:
-    # kv_engine parses connection_buffer_size as a uint32_t (decimal digits only here)
-    return value.isascii() and value.isdigit() and len(value) <= 10 and int(value) < 2**32
+    return parse_u32(value) is not None
 
 
 def _noop_interval(value: str) -> bool:
-    try:
-        return float(value) >= CONNECTION_MANAGER_INTERVAL
-    except ValueError:
-        return False
+    number = parse_float(value)
+    return number is not None and number >= _f32(CONNECTION_MANAGER_INTERVAL)  # nan is never >=
+
+
+_TRUE = frozenset({"true"})
 
 
 @dataclass(frozen=True, slots=True)
 class ControlKey:
-    """One DCP_CONTROL key: what it accepts and needs, and the prose for the reference.
+    """One DCP_CONTROL key: what it accepts and needs, what turns it on, and the prose for the reference.
 
     ``values`` is the set of accepted values, or a predicate, or ``None`` for any
-    non-empty value.  ``needs_feature`` / ``needs_open_flag`` must have been
-    negotiated (EINVAL otherwise); ``needs_collections_for`` are the values that
-    need HELLO Collections.  ``conflicts`` are controls (key, value) that make
-    this one NotSupported, and ``conflicts_stream_ids`` the same for an earlier
+    (non-empty) value.  ``on`` are the accepted values that turn the setting on
+    (``None``: the value is a quantity or a name, not a switch); an accepted value
+    outside ``on`` turns it off, unless ``one_way`` (once on it stays on).
+    ``needs_feature`` / ``needs_open_flag`` must have been negotiated (EINVAL
+    otherwise); ``needs_collections`` keys are NotSupported without HELLO
+    Collections.  ``conflicts`` are controls (key, value) that make this one
+    NotSupported, and ``conflicts_stream_ids`` the same for an earlier
     ``enable_stream_id``.  ``refused`` keys are always NotSupported after their
     value is checked.
     """
 
     doc: str
     values: frozenset[str] | Callable[[str], bool] | None = _TRUE
+    on: frozenset[str] | None = _TRUE
+    one_way: bool = False
     needs_feature: int | None = None
     needs_open_flag: int = 0
-    needs_collections_for: frozenset[str] = frozenset()
+    needs_collections: bool = False
     conflicts: tuple[tuple[str, str], ...] = ()
     conflicts_stream_ids: bool = False
     refused: bool = False
@@ -200,29 +291,42 @@ class ControlKey:
         return value in self.values
 
 
+#: every key kv_engine's producer knows, with the producer's rule for its value (``DcpProducer::control``)
 CONTROL_KEYS: Mapping[str, ControlKey] = {
-    "enable_noop": ControlKey("true/false: noop liveness", _BOOL),
-    "set_noop_interval": ControlKey("seconds (float) >= connection_manager_interval", _noop_interval),
-    "connection_buffer_size": ControlKey("bytes; flow control, 0 disables", _uint32),
-    "stream_buffer_size": ControlKey("NotSupported", _any, refused=True),
-    "set_priority": ControlKey("high / medium / low", frozenset({"high", "medium", "low"})),
-    "supports_cursor_dropping": ControlKey("true/false", _BOOL),
-    "supports_cursor_dropping_vulcan": ControlKey("true/false", _BOOL),
-    "supports_hifi_MFU": ControlKey("true/false", _BOOL),
-    "force_value_compression": ControlKey("true/false; EINVAL unless snappy negotiated", _BOOL, needs_feature=Feature.SNAPPY),
-    "send_stream_end_on_client_close_stream": ControlKey("true; STREAM_END(Closed) after close"),
-    "enable_expiry_opcode": ControlKey("true; needs IncludeDeleteTimes"),
-    "enable_stream_id": ControlKey("true; NotSupported with sync writes", conflicts=(("enable_sync_writes", "true"),)),
-    "enable_sync_writes": ControlKey("true; NotSupported with stream-ids", conflicts_stream_ids=True),
-    "consumer_name": ControlKey("non-empty string", None),
-    "enable_out_of_order_snapshots": ControlKey("true / true_with_seqno_advanced", frozenset({"true", "true_with_seqno_advanced"})),
-    "include_deleted_user_xattrs": ControlKey("true; needs open flag 0x100", needs_open_flag=OpenFlag.INCLUDE_DELETED_USER_XATTRS),
+    "enable_noop": ControlKey('any value; only "true" turns noops on (anything else turns them off)', None),
+    "set_noop_interval": ControlKey("seconds (a C float) >= connection_manager_interval (0.1)", _noop_interval, on=None),
+    "connection_buffer_size": ControlKey("bytes, a u32; flow control, 0 disables", _uint32, on=None),
+    "stream_buffer_size": ControlKey("NotSupported whatever the value", None, refused=True),
+    "set_priority": ControlKey("high / medium / low", frozenset({"high", "medium", "low"}), on=None),
+    "supports_cursor_dropping": ControlKey('any value; "true" allows cursor dropping', None),
+    "supports_cursor_dropping_vulcan": ControlKey('any value; "true" allows cursor dropping', None),
+    "supports_hifi_MFU": ControlKey('any value; "true": the consumer reads hifi MFU', None),
+    "force_value_compression": ControlKey(
+        'any value, EINVAL unless HELLO Snappy; "true" compresses values', None, needs_feature=Feature.SNAPPY
+    ),
+    "send_stream_end_on_client_close_stream": ControlKey(
+        'any value; "true" turns it on for good: STREAM_END(Closed) after a close', None, one_way=True
+    ),
+    "enable_expiry_opcode": ControlKey('any value; "true" sends DCP_EXPIRATION (with IncludeDeleteTimes only)', None),
+    "enable_stream_id": ControlKey("true; NotSupported with sync writes; one-way", conflicts=(("enable_sync_writes", "true"),)),
+    "enable_sync_writes": ControlKey("true; NotSupported with stream ids", conflicts_stream_ids=True),
+    "consumer_name": ControlKey("any name; with sync writes the consumer acknowledges seqnos", None, on=None),
+    "enable_out_of_order_snapshots": ControlKey(
+        "true / true_with_seqno_advanced",
+        frozenset({"true", "true_with_seqno_advanced"}),
+        on=frozenset({"true", "true_with_seqno_advanced"}),
+    ),
+    "include_deleted_user_xattrs": ControlKey(
+        "true; EINVAL without DCP_OPEN flag 0x100", needs_open_flag=OpenFlag.INCLUDE_DELETED_USER_XATTRS
+    ),
     "v7_dcp_status_codes": ControlKey("true"),
     "flatbuffers_system_events": ControlKey("true"),
-    "change_streams": ControlKey("true", refused=True),
-    "max_marker_version": ControlKey("2.2; needs collections", frozenset({"2.0", "2.2"}), needs_collections_for=frozenset({"2.2"})),
-    "backfill_order": ControlKey("round-robin / sequential", frozenset({"round-robin", "sequential"})),
-    "cache_transfer": ControlKey("any", _any, refused=True),
+    "change_streams": ControlKey("true; NotSupported unless the storage keeps history (the simulator's does not)", refused=True),
+    "max_marker_version": ControlKey(
+        "2.2 only; NotSupported without HELLO Collections", frozenset({"2.2"}), on=None, needs_collections=True
+    ),
+    "backfill_order": ControlKey("round-robin / sequential", frozenset({"round-robin", "sequential"}), on=None),
+    "cache_transfer": ControlKey("any value; succeeds while dcp_cache_transfer_enabled (default true)", None, on=None),
 }
 
 
@@ -237,20 +341,42 @@ def control_status(
 ) -> Status:
     """The status a producer answers ``DCP_CONTROL key=value`` with, given what the connection negotiated.
 
-    An empty value is EINVAL whatever the key.
+    An empty value is EINVAL whatever the key (the validator wants a key and a value).
     """
     rule = CONTROL_KEYS.get(key)
-    if rule is None or not value or not rule.accepts(value):
+    if rule is None or not value:
         return Status.EINVAL
     if rule.needs_feature is not None and rule.needs_feature not in features:
         return Status.EINVAL
+    if not rule.accepts(value):
+        return Status.EINVAL
     if rule.needs_open_flag and not open_flags & rule.needs_open_flag:
         return Status.EINVAL
-    if value in rule.needs_collections_for and Feature.COLLECTIONS not in features:
-        return Status.EINVAL
+    if rule.needs_collections and Feature.COLLECTIONS not in features:
+        return Status.NOT_SUPPORTED
     if rule.refused:
         return Status.NOT_SUPPORTED
     set_controls = controls or {}
     if any(set_controls.get(k) == v for k, v in rule.conflicts) or (rule.conflicts_stream_ids and stream_ids):
         return Status.NOT_SUPPORTED
     return Status.SUCCESS
+
+
+def control_value(key: str, value: str, previous: str | None) -> str:
+    """The value a connection keeps for ``key`` after the producer accepted ``key=value``.
+
+    The new value, except that a ``one_way`` setting that is on stays on (its earlier value is kept).
+    """
+    rule = CONTROL_KEYS.get(key)
+    if rule is not None and rule.one_way and rule.on is not None and previous in rule.on and value not in rule.on:
+        return previous
+    return value
+
+
+def control_on(key: str, controls: Mapping[str, str]) -> bool:
+    """Whether the switch ``key`` is on, given the controls a connection kept (:func:`control_value`)."""
+    rule = CONTROL_KEYS.get(key)
+    value = controls.get(key)
+    if rule is None or value is None:
+        return False
+    return value in rule.on if rule.on is not None else True

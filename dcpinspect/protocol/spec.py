@@ -527,6 +527,7 @@ _COMMANDS: tuple[Command, ...] = (
         (Variant(value="json?"),),
         group="session",
     ),
+    Command(0xBA, "COLLECTIONS_GET_MANIFEST", (EMPTY,), (Variant(value="json"),), group="session", doc="the bucket's collections manifest"),
     Command(
         0xBB,
         "COLLECTIONS_GET_ID",

@@ -22,14 +22,14 @@ from dcpinspect.live.consumer_states import (
     Request,
     StreamStatus,
 )
-from dcpinspect.live.consumer_streams import STREAM_MESSAGE_HANDLERS
+from dcpinspect.live.consumer_streams import STREAM_MESSAGE_HANDLERS, Handoff
 from dcpinspect.live.producer import ProducerConnection
 from dcpinspect.live.resume import ResumeState, VbState
 from dcpinspect.live.sasl import ScramServer
 from dcpinspect.protocol import spec
-from dcpinspect.protocol.enums import Feature, Magic, Opcode, Status
+from dcpinspect.protocol.enums import Feature, Magic, Opcode, Status, StreamEndStatus
 from dcpinspect.protocol.rules import MAX_SEQNO, flow_control_size
-from dcpinspect.protocol.session import STREAM_MESSAGES
+from dcpinspect.protocol.session import DEFAULT_NOOP_INTERVAL, STREAM_MESSAGES
 from dcpinspect.wire.dissection import Dissection
 from dcpinspect.wire.events import Frame
 
@@ -45,8 +45,8 @@ def cfg(**kw) -> ConsumerConfig:
 class Server:
     """A scripted server: it reads what the consumer sent and answers with frames built by encode."""
 
-    def __init__(self, config: ConsumerConfig) -> None:
-        self.c = DcpConsumer(config)
+    def __init__(self, config: ConsumerConfig, address: tuple[str, int] | None = None) -> None:
+        self.c = DcpConsumer(config, address=address)
         self.now = 0.0
         self.events: list[ConsumerEvent] = []
         self.decoder = FrameDecoder()
@@ -579,7 +579,7 @@ def test_bootstrap_timeout() -> None:
         (5, "again"),
         (6, "again"),
         (7, "ended"),
-        (8, "failed"),
+        (8, "ended"),  # LostPrivileges: stop
         (99, "failed"),
     ],
 )
@@ -747,8 +747,8 @@ def test_random_bytes_never_raise() -> None:
 # --- against the project's sans-IO producer (no sockets) -----------------------------------------
 
 
-def _pair(cluster: Cluster, config: ConsumerConfig, limit: int = 20000) -> tuple[DcpConsumer, list[ConsumerEvent]]:
-    prod = ProducerConnection(cluster)
+def _pair(cluster: Cluster, config: ConsumerConfig, limit: int = 20000, node: int = 0) -> tuple[DcpConsumer, list[ConsumerEvent]]:
+    prod = ProducerConnection(cluster, node=node)
     cons = DcpConsumer(config)
     dec = FrameDecoder()
     now = 0.0
@@ -771,29 +771,33 @@ def _pair(cluster: Cluster, config: ConsumerConfig, limit: int = 20000) -> tuple
 
 
 def test_against_the_producer_to_latest_then_failover_and_rollback() -> None:
-    cluster = Cluster({"alice": PASSWORD}, seed=3)
+    """Node 1's vbuckets; vbucket 1 fails over to node 0, losing 3 items the consumer has: resumed there, it rolls back."""
+    cluster = Cluster({"alice": PASSWORD}, seed=3, nodes=2)
     bucket = cluster.create_bucket("travel", vbuckets=4, items=200)
-    config = cfg(vbuckets=None, to_latest=True, buffer_size=4000)
-    c, evs = _pair(cluster, config)
+    mine = (1, 3)
+    assert [bucket.vbucket_map()[vb][0] for vb in mine] == [1, 1]
+    config = cfg(vbuckets=mine, to_latest=True, buffer_size=4000)
+    c, evs = _pair(cluster, config, node=1)
     kinds = [e.kind for e in evs]
     assert c.phase == Phase.DONE, c.failure
-    assert kinds.count("mutation") == 200 and kinds.count("buffer_ack") >= 1
+    highs = {vb: bucket.vbuckets[vb].high_seqno for vb in mine}
+    assert kinds.count("mutation") == sum(highs.values()) and kinds.count("buffer_ack") >= 1
     assert not {"malformed", "unexpected", "control_rejected", "error"} & set(kinds)
     state = c.state
-    assert {vb: st.seqno for vb, st in state.vbuckets.items()} == {i: v.high_seqno for i, v in enumerate(bucket.vbuckets)}
+    assert {vb: st.seqno for vb, st in state.vbuckets.items()} == highs
     assert c.acked_total + c.unacked == c.consumed_total
-    # the vbucket fails over losing 3 items the consumer has; new writes land everywhere
-    bucket.failover(0, lose=3)
+    # vbucket 1 fails over to node 0 losing 3 items the consumer has; new writes land everywhere
+    bucket.failover(1, lose=3)
     for i in range(10):
         bucket.mutate(f"new-{i}", {"i": i})
-    c2, evs2 = _pair(cluster, cfg(vbuckets=None, to_latest=True, resume=state))
+    c2, evs2 = _pair(cluster, cfg(vbuckets=(1,), to_latest=True, resume=state), node=0)
     assert c2.phase == Phase.DONE, c2.failure
     rb = [e for e in evs2 if e.kind == "rollback"]
-    assert [e.vbucket for e in rb] == [0] and rb[0].data["rollback_seqno"] <= state.vbuckets[0].seqno - 3
-    assert {vb: st.seqno for vb, st in c2.state.vbuckets.items()} == {i: v.high_seqno for i, v in enumerate(bucket.vbuckets)}
-    assert c2.state.vbuckets[0].vb_uuid == bucket.vbuckets[0].failover_log[0][0]
-    starts = {vb: st.seqno for vb, st in state.vbuckets.items()} | {0: rb[0].data["rollback_seqno"]}
-    assert [e.kind for e in evs2].count("mutation") == sum(v.high_seqno - starts[i] for i, v in enumerate(bucket.vbuckets))
+    assert [e.vbucket for e in rb] == [1] and rb[0].data["rollback_seqno"] <= state.vbuckets[1].seqno - 3
+    assert c2.state.vbuckets[1].seqno == bucket.vbuckets[1].high_seqno
+    assert c2.state.vbuckets[1].vb_uuid == bucket.vbuckets[1].failover_log[0][0]
+    assert c2.state.vbuckets[3] == state.vbuckets[3]  # not streamed here: kept as it was
+    assert [e.kind for e in evs2].count("mutation") == bucket.vbuckets[1].high_seqno - rb[0].data["rollback_seqno"]
 
 
 def test_against_the_producer_with_scram_and_stream_ids() -> None:
@@ -967,6 +971,11 @@ _REPLY_VALUES: dict[str, object] = {
     "HELLO": {"features": [{"feature": Feature.COLLECTIONS}, {"feature": Feature.JSON}]},
     "SASL_LIST_MECHS": b"PLAIN",
     "GET_ALL_VB_SEQNOS": {"vb_seqnos": [{"vbucket": 0, "high_seqno": 5}, {"vbucket": 1, "high_seqno": 0}]},
+    "GET_CLUSTER_CONFIG": {
+        "rev": 1,
+        "nodesExt": [{"services": {"kv": 11210}, "hostname": "$HOST"}],
+        "vBucketServerMap": {"vBucketMap": [[0], [0]]},
+    },
 }
 
 
@@ -976,7 +985,8 @@ def _drive_to(phase: Phase, closing: bool = False) -> Server:
     Streaming, one stream streams (half of its snapshot received) and the other is requested; or, ``closing``,
     the client stopped and the first awaits its STREAM_END(Closed).
     """
-    s = Server(cfg(to_latest=True, vbuckets=(0, 1), mechanisms=("PLAIN",), controls=(("send_stream_end_on_client_close_stream", "true"),)))
+    config = cfg(to_latest=True, vbuckets=(0, 1), mechanisms=("PLAIN",), controls=(("send_stream_end_on_client_close_stream", "true"),))
+    s = Server(config, address=("127.0.0.1", 11210))  # it knows its address: it asks for the cluster map
     if phase is Phase.FAILED:
         s.reply(resp("HELLO", s.one("HELLO"), status=Status.EINVAL))
         assert s.c.phase is Phase.FAILED
@@ -1074,7 +1084,7 @@ def test_the_transition_tables_cover_every_state_and_input() -> None:
     assert all(moves <= set(StreamStatus) for moves in STREAM_TRANSITIONS.values())
     ends = {p for p, moves in PHASE_TRANSITIONS.items() if not moves}
     assert ends == {Phase.DONE, Phase.FAILED} and all(not AWAITS[p] for p in ends)
-    assert {s for s, moves in STREAM_TRANSITIONS.items() if not moves} == {StreamStatus.ENDED, StreamStatus.FAILED}
+    assert {s for s, moves in STREAM_TRANSITIONS.items() if not moves} == {StreamStatus.ENDED, StreamStatus.FAILED, StreamStatus.MOVED}
     reach: set[Phase] = set()
     todo = [Phase.HELLO]
     while todo:
@@ -1086,3 +1096,325 @@ def test_the_transition_tables_cover_every_state_and_input() -> None:
     assert set(REPLY_HANDLERS) == set(Request) == set().union(*AWAITS.values())  # every kind of request is sent and handled
     assert set(STREAM_MESSAGE_HANDLERS) == STREAM_MESSAGES  # every stream message has a handler
     assert all(_drive_to(p).c.phase is p for p in Phase)  # and the Hypothesis test above starts from each phase
+
+
+# --- issue 14: acknowledgements never exceed what was received ------------------------------------
+
+
+def _acked(raw: bytes) -> tuple[int, list[Frame]]:
+    """The bytes a consumer's output acknowledges, and its frames."""
+    frames = [f for f in FrameDecoder().feed(raw) if isinstance(f, Frame)]
+    return sum(int.from_bytes(f.extras[:4], "big") for f in frames if f.opcode == Opcode.DCP_BUFFER_ACKNOWLEDGEMENT), frames
+
+
+@st.composite
+def _stream_traffic(draw: st.DrawFn) -> list[tuple[str, int]]:
+    """A producer's output on one stream: markers, items of any size, prepares, seqno-advanced, OSO, noops, stray replies."""
+    kinds = st.sampled_from(["marker", "mutation", "prepare", "advanced", "oso", "noop", "reply", "unreadable", "hold", "release"])
+    return draw(st.lists(st.tuples(kinds, st.integers(0, 3000)), min_size=1, max_size=60))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_stream_traffic(), st.integers(1, 5000), st.floats(0.01, 1.0))
+def test_acks_never_exceed_what_was_received(traffic: list[tuple[str, int]], buffer_size: int, ratio: float) -> None:
+    """After every chunk from the server, the bytes acknowledged so far are at most the flow-control sizes received so far
+    (kv_engine docs/dcp flow-control.md); once acks are not held, everything at or above the threshold is acknowledged."""
+    s = bootstrap(cfg(buffer_size=buffer_size, ack_ratio=ratio))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    o, seqno, received, acked = req.frame.opaque, 0, 0, 0
+    for kind, size in traffic:
+        if kind in ("hold", "release"):  # a stalled consumer, then one that catches up (acks held back go out on a tick)
+            s.c.hold_acks = kind == "hold"
+            s.c.tick(s.now)
+            got, _ = _acked(s.c.data_to_send())
+            acked += got
+            assert acked <= received
+            continue
+        seqno += 1
+        if kind == "marker":
+            frame = marker(req, seqno, seqno + size % 5)
+        elif kind == "mutation":
+            frame = mutation(req, seqno, key=f"k{size}", value=b"v" * size)
+        elif kind == "prepare":
+            frame = encode("DCP_PREPARE", extras={"by_seqno": seqno, "durability_level": 1}, key="p", cid=0, value=b"x" * size, opaque=o)
+        elif kind == "advanced":
+            frame = encode("DCP_SEQNO_ADVANCED", extras={"seqno": seqno}, opaque=o)
+        elif kind == "oso":
+            frame = encode("DCP_OSO_SNAPSHOT", extras={"flags": 1 + size % 2}, opaque=o)
+        elif kind == "noop":
+            frame = encode("DCP_NOOP", opaque=10000001 + size)
+        elif kind == "reply":
+            frame = encode("DCP_CONTROL", response=True, opaque=size)
+        else:  # a stream message the consumer cannot read (its extras cut short): the producer charged it all the same
+            frame = encode("DCP_MUTATION", variant=None, extras=b"\x00" * (size % 8), key="bad", opaque=o)
+        (f,) = FrameDecoder().feed(frame)
+        assert isinstance(f, Frame)
+        received += flow_control_size(f.magic, f.opcode, f.length)
+        s.reply(frame)
+        got, frames = _acked(s.c.data_to_send())
+        acked += got
+        assert acked <= received, (acked, received)
+        assert all(not (x.opcode == Opcode.DCP_NOOP and x.magic == Magic.CLIENT_REQUEST) for x in frames)  # never a noop request
+        assert s.c.acked_total == acked and s.c.acked_total + s.c.unacked == s.c.consumed_total == received
+        if not s.c.hold_acks:
+            assert s.c.unacked < max(1, int(buffer_size * ratio))
+
+
+def test_an_unreadable_stream_message_is_acknowledged_all_the_same() -> None:
+    """A message the consumer cannot act upon still took the producer's window: left out of the acks it would stall the stream."""
+    s = bootstrap(cfg(buffer_size=100, ack_ratio=0.5))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    bad = encode("DCP_MUTATION", variant=None, extras=b"\x00\x01", key="bad", value=b"x" * 40, opaque=req.frame.opaque)
+    evs = s.reply(bad)
+    assert "malformed" in [e.kind for e in evs]
+    assert s.one("DCP_BUFFER_ACKNOWLEDGEMENT").extras["buffer_bytes"] == len(bad)
+
+
+# --- noops ------------------------------------------------------------------------------------------
+
+
+def test_a_rejected_noop_interval_means_the_producers_default() -> None:
+    """The producer keeps its own interval (20 s) when set_noop_interval is refused: silence is judged against that."""
+    s = bootstrap(cfg(noop_interval=1.0), reject=("set_noop_interval",))
+    accept(s, stream_req(s), [(77, 0)])
+    assert s.c.noop and s.c.noop_interval == DEFAULT_NOOP_INTERVAL
+    assert s.c.tick(s.now + 2 * DEFAULT_NOOP_INTERVAL - 1) == []
+    assert [e.kind for e in s.c.tick(s.now + 2 * DEFAULT_NOOP_INTERVAL + 1)] == ["error"]
+
+
+def test_any_traffic_keeps_the_connection_alive_and_noops_are_only_answered() -> None:
+    s = bootstrap(cfg(noop_interval=1.0))
+    req = stream_req(s)
+    accept(s, req, [(77, 0)])
+    for i in range(10):  # data every 1.5 s (under 2 intervals), noops now and then: never dead, never a noop request
+        s.reply(marker(req, i + 1, i + 1), mutation(req, i + 1), dt=1.5)
+        if i % 3 == 0:
+            s.reply(encode("DCP_NOOP", opaque=10000001 + i), dt=0)
+        assert "error" not in [e.kind for e in s.c.tick(s.now)]
+    _, frames = _acked(b"".join(d.frame.raw for d in s.sent()))
+    noops = [f for f in frames if f.opcode == Opcode.DCP_NOOP]
+    assert len(noops) == 4 and all(f.magic == Magic.CLIENT_RESPONSE for f in noops)
+    assert not s.c.done
+
+
+# --- stream ends: the documented action per reason ---------------------------------------------------
+
+
+def test_disconnected_never_comes_on_the_wire() -> None:
+    s = bootstrap(cfg(vbuckets=(0, 1)))
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    accept(s, reqs[0], [(77, 0)])
+    evs = s.reply(stream_end(reqs[0], int(StreamEndStatus.DISCONNECTED)))
+    assert "malformed" in [e.kind for e in evs] and s.c.streams[0].status == "failed" and s.sent() == []
+
+
+# --- resume (kv_engine docs/dcp: stream request, snapshots, OSO, rollback) --------------------------
+
+
+def _break_and_resume(s: Server, req: Dissection) -> dict[str, int]:
+    """The stream ends Slow (re-request): the new request's resume fields."""
+    s.reply(stream_end(req, int(StreamEndStatus.SLOW)))
+    return dict(s.one("DCP_STREAM_REQ").extras)
+
+
+def test_resume_mid_snapshot_uses_the_last_markers_bounds() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(0xAA, 0)])
+    s.reply(marker(req, 1, 3), *(mutation(req, i) for i in (1, 2, 3)), marker(req, 4, 9), mutation(req, 6))
+    e = _break_and_resume(s, req)
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (6, 4, 9, 0xAA)
+
+
+def test_seqno_advanced_completes_a_snapshot() -> None:
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(0xAA, 0)])
+    s.reply(marker(req, 1, 8), mutation(req, 2), encode("DCP_SEQNO_ADVANCED", extras={"seqno": 8}, opaque=req.frame.opaque))
+    assert s.c.state.vbuckets[0].seqno == 8
+    e = _break_and_resume(s, req)
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"]) == (8, 8, 8)
+
+
+@pytest.mark.parametrize(("end_seen", "resume_at"), [(False, 3), (True, 11)])
+def test_oso_with_seqno_advanced_before_its_end(end_seen: bool, resume_at: int) -> None:
+    """Y = the highest seqno before the OSO snapshot, X = the highest inside it including the SEQNO_ADVANCED that
+    comes before the OSO end (kv_engine active_stream.cc): resume from Y inside, from X after the end."""
+    s = bootstrap(cfg())
+    req = stream_req(s)
+    accept(s, req, [(0xAA, 0)])
+    o = req.frame.opaque
+    s.reply(marker(req, 1, 3), *(mutation(req, i) for i in (1, 2, 3)))
+    s.reply(encode("DCP_OSO_SNAPSHOT", extras={"flags": 1}, opaque=o), mutation(req, 9, "b"), mutation(req, 5, "a"))
+    s.reply(encode("DCP_SEQNO_ADVANCED", extras={"seqno": 11}, opaque=o))
+    if end_seen:
+        s.reply(encode("DCP_OSO_SNAPSHOT", extras={"flags": 2}, opaque=o))
+    assert "malformed" not in s.kinds()
+    e = _break_and_resume(s, req)
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (resume_at, resume_at, resume_at, 0xAA)
+
+
+# --- the cluster map (a consumer that knows its address) ---------------------------------------------
+
+HERE = ("127.0.0.1", 11210)
+THERE = ("127.0.0.1", 11299)
+
+
+def cluster_config(vbmap: list[list[int]], rev: int = 1) -> dict[str, object]:
+    nodes = [{"services": {"kv": HERE[1]}, "hostname": HERE[0]}, {"services": {"kv": THERE[1]}, "hostname": THERE[0]}]
+    return {"rev": rev, "nodesExt": nodes, "vBucketServerMap": {"vBucketMap": vbmap}}
+
+
+def map_bootstrap(config: ConsumerConfig, vbmap: list[list[int]] | None, *, status: int = 0) -> Server:
+    """Bootstrap a consumer at HERE; GET_CLUSTER_CONFIG answered with ``vbmap`` (or ``status``); to its stream requests."""
+    s = Server(config, address=HERE)
+    s.reply(resp("HELLO", s.one("HELLO"), value={"features": [{"feature": 0x12}, {"feature": 0x0B}]}))
+    s.reply(resp("SASL_LIST_MECHS", s.one("SASL_LIST_MECHS"), value=b"PLAIN"))
+    s.reply(resp("SASL_AUTH", s.one("SASL_AUTH")))
+    s.reply(resp("SELECT_BUCKET", s.one("SELECT_BUCKET")))
+    get = s.one("GET_CLUSTER_CONFIG")  # right after SELECT_BUCKET, as the SDKs do
+    s.reply(resp("GET_CLUSTER_CONFIG", get, status=status, value=cluster_config(vbmap) if vbmap is not None and not status else None))
+    if s.c.done:
+        return s
+    if config.to_latest or (config.vbuckets is None and s.c.cluster_map is None):
+        s.reply(resp("GET_ALL_VB_SEQNOS", s.one("GET_ALL_VB_SEQNOS"), value={"vb_seqnos": [{"vbucket": 0, "high_seqno": 0}]}))
+    s.reply(resp("DCP_OPEN", s.one("DCP_OPEN")))
+    while True:
+        got = s.sent()
+        if not got or got[0].name != "DCP_CONTROL":
+            s.pending = got  # type: ignore[attr-defined]
+            return s
+        s.reply(resp("DCP_CONTROL", got[0]))
+
+
+def moved(s: Server) -> dict[int, Handoff]:
+    return {e.vbucket: e.data["handoff"] for e in s.events if e.kind == "moved" and e.vbucket is not None}
+
+
+def test_the_map_places_each_vbucket_on_its_active_node() -> None:
+    state = ResumeState("travel", {1: VbState(vb_uuid=5, seqno=4, snap_start=4, snap_end=4, failover_log=[(5, 0)])})
+    s = map_bootstrap(cfg(vbuckets=(0, 1, 2), resume=state), [[0, 1], [1, 0], [0, -1]])
+    assert [d.frame.vbucket for d in s.pending] == [0, 2]  # type: ignore[attr-defined]
+    h = moved(s)
+    assert list(h) == [1] and h[1].address == THERE and h[1].position == state.vbuckets[1]
+    assert 1 not in s.c.state.vbuckets and 1 not in s.c.streams  # its state goes with it
+    assert s.c.node_index == 0 and s.c.cluster_map is not None and s.c.cluster_map.rev == 1
+
+
+def test_every_vbucket_of_the_map_when_none_are_named() -> None:
+    s = map_bootstrap(cfg(vbuckets=None), [[1], [0], [1], [0]])
+    assert [d.frame.vbucket for d in s.pending] == [1, 3] and sorted(moved(s)) == [0, 2]  # type: ignore[attr-defined]
+    assert "GET_ALL_VB_SEQNOS" not in [d.name for d in s.log]
+
+
+def test_nothing_active_here_ends_the_connection_before_dcp_open() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,)), [[1, 0]])
+    assert s.c.phase is Phase.DONE and sorted(moved(s)) == [0] and "DCP_OPEN" not in [d.name for d in s.log]
+
+
+@pytest.mark.parametrize("status", [int(Status.UNKNOWN_COMMAND), int(Status.NO_BUCKET), int(Status.EINVAL)])
+def test_a_server_without_cluster_maps_keeps_every_vbucket_here(status: int) -> None:
+    """memcached or an old node answers GET_CLUSTER_CONFIG with an error: stay on this connection, as before."""
+    s = map_bootstrap(cfg(vbuckets=(0, 1)), [[1], [1]], status=status)
+    assert [d.frame.vbucket for d in s.pending] == [0, 1] and moved(s) == {}  # type: ignore[attr-defined]
+    req = s.pending[0]  # type: ignore[attr-defined]
+    accept(s, req, [(7, 0)])
+    s.reply(stream_end(req, int(StreamEndStatus.STATE_CHANGED)))
+    assert s.one("DCP_STREAM_REQ").frame.vbucket == 0  # re-requested here, no map asked
+
+
+@pytest.mark.parametrize("value", [b"not json", b'{"nodesExt": 3}', b'{"rev": 1, "nodesExt": [{"services": {"kv": 11210}}]}'])
+def test_an_unusable_map_keeps_every_vbucket_here(value: bytes) -> None:
+    s = Server(cfg(vbuckets=(0, 1)), address=HERE)
+    for name, v in (("HELLO", {"features": []}), ("SASL_LIST_MECHS", b"PLAIN"), ("SASL_AUTH", None), ("SELECT_BUCKET", None)):
+        s.reply(resp(name, s.one(name), value=v))
+    s.reply(resp("GET_CLUSTER_CONFIG", s.one("GET_CLUSTER_CONFIG"), value=value))
+    assert s.one("DCP_OPEN") and s.c.cluster_map is None and not s.c.done
+
+
+@pytest.mark.parametrize("status", [int(StreamEndStatus.STATE_CHANGED), int(StreamEndStatus.ROLLBACK)])
+def test_state_changed_asks_the_map_and_moves_the_stream(status: int) -> None:
+    s = map_bootstrap(cfg(vbuckets=(0, 1)), [[0, 1], [0, 1]])
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    accept(s, reqs[0], [(0xA, 0)])
+    accept(s, reqs[1], [(0xB, 0)])
+    s.reply(marker(reqs[0], 1, 2), mutation(reqs[0], 1), mutation(reqs[0], 2), marker(reqs[0], 3, 5), mutation(reqs[0], 3))
+    s.reply(stream_end(reqs[0], status))
+    assert s.c.streams[0].status is StreamStatus.LOCATING
+    get = s.one("GET_CLUSTER_CONFIG")
+    s.reply(resp("GET_CLUSTER_CONFIG", get, value=cluster_config([[1, -1], [0, 1]], rev=2)))
+    h = moved(s)[0]
+    assert h.address == THERE and (h.position.seqno, h.position.snap_start, h.position.snap_end, h.position.vb_uuid) == (3, 3, 5, 0xA)
+    assert s.c.streams[0].status is StreamStatus.MOVED and 0 not in s.c.state.vbuckets and s.sent() == []
+    assert not s.c.done  # vb 1 streams on
+    s.reply(stream_end(reqs[1], int(StreamEndStatus.OK)))
+    assert s.c.done and s.c.phase is Phase.DONE
+
+
+def test_state_changed_where_the_map_still_says_here_requests_again_here() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,)), [[0, 1]])
+    req = s.pending[0]  # type: ignore[attr-defined]
+    accept(s, req, [(0xA, 0)])
+    s.reply(marker(req, 1, 1), mutation(req, 1), stream_end(req, int(StreamEndStatus.STATE_CHANGED)))
+    s.reply(resp("GET_CLUSTER_CONFIG", s.one("GET_CLUSTER_CONFIG"), value=cluster_config([[0, 1]])))
+    again = s.one("DCP_STREAM_REQ")
+    assert (again.frame.vbucket, again.extras["start_seqno"], again.extras["vb_uuid"]) == (0, 1, 0xA) and moved(s) == {}
+
+
+def test_several_streams_moving_share_one_map_request() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0, 1)), [[0], [0]])
+    reqs = {d.frame.vbucket: d for d in s.pending}  # type: ignore[attr-defined]
+    accept(s, reqs[0], [(0xA, 0)])
+    accept(s, reqs[1], [(0xB, 0)])
+    s.reply(stream_end(reqs[0], int(StreamEndStatus.STATE_CHANGED)), stream_end(reqs[1], int(StreamEndStatus.STATE_CHANGED)))
+    get = s.one("GET_CLUSTER_CONFIG")
+    s.reply(resp("GET_CLUSTER_CONFIG", get, value=cluster_config([[1], [1]], rev=3)))
+    assert sorted(moved(s)) == [0, 1] and s.c.phase is Phase.DONE
+
+
+def test_not_my_vbucket_asks_the_map_and_moves_the_stream() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,)), [[0, 1]])
+    req = s.pending[0]  # type: ignore[attr-defined]
+    s.reply(resp("DCP_STREAM_REQ", req, status=int(Status.NOT_MY_VBUCKET)))
+    s.reply(resp("GET_CLUSTER_CONFIG", s.one("GET_CLUSTER_CONFIG"), value=cluster_config([[1, -1]], rev=2)))
+    assert moved(s)[0].address == THERE and s.c.done
+
+
+def test_not_my_vbucket_forever_gives_up() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,), max_rollbacks=3), [[0, 1]])
+    req = s.pending[0]  # type: ignore[attr-defined]
+    for _ in range(5):
+        s.reply(resp("DCP_STREAM_REQ", req, status=int(Status.NOT_MY_VBUCKET)))
+        got = s.sent()
+        if not got:
+            break
+        s.reply(resp("GET_CLUSTER_CONFIG", got[0], value=cluster_config([[0, 1]])))  # the map insists: here
+        req = s.one("DCP_STREAM_REQ")
+    assert s.c.streams[0].status == "failed" and "not my vbucket" in (s.c.streams[0].error or "") and s.c.done
+
+
+def test_a_map_request_never_answered_while_streaming_fails_the_connection() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,), response_timeout=5, noop_interval=None), [[0, 1]])
+    req = s.pending[0]  # type: ignore[attr-defined]
+    accept(s, req, [(0xA, 0)])
+    s.reply(stream_end(req, int(StreamEndStatus.STATE_CHANGED)))
+    s.one("GET_CLUSTER_CONFIG")
+    assert s.c.tick(s.now + 4) == []
+    evs = s.c.tick(s.now + 6)
+    assert [e.kind for e in evs] == ["error"] and "CONFIG" in evs[0].message
+
+
+def test_an_adopted_stream_is_requested_from_where_it_was() -> None:
+    s = map_bootstrap(cfg(vbuckets=(0,)), [[0, 1], [0, 1]])
+    accept(s, s.pending[0], [(0xA, 0)])  # type: ignore[attr-defined]
+    pos = VbState(vb_uuid=0xB, seqno=9, snap_start=7, snap_end=12, failover_log=[(0xB, 0)])
+    evs = s.c.adopt(Handoff(1, HERE, pos, rollbacks=2), s.now)
+    assert evs is not None and [e.kind for e in evs] == ["adopted", "stream_requested"]
+    req = s.one("DCP_STREAM_REQ")
+    e = req.extras
+    assert (req.frame.vbucket, e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (1, 9, 7, 12, 0xB)
+    assert s.c.state.vbuckets[1] == pos and s.c.streams[1].rollbacks == 2
+    s.c.close_streams(s.now)
+    assert s.c.adopt(Handoff(2, HERE, VbState()), s.now) is None  # an ended connection takes nothing

@@ -198,3 +198,50 @@ def test_binary_client_through_the_tap_proxy(memcached: tuple[str, int], tmp_pat
     assert {"SET", "GET", "ADD", "REPLACE", "INCREMENT", "DECREMENT", "DELETE", "STAT", "APPEND", "PREPEND", "VERSION", "NOOP"} <= names
     if TSHARK is not None:
         tshark_agrees(pcap, back, memcached[1])
+
+
+#: a classic KV sequence and the statuses both servers must answer (vbucket 0: the simulator runs one vbucket)
+_BOGUS_CAS = 0xDEADBEEFDEAD
+KV_SEQUENCE = [
+    (encode("GET", key="k", opaque=1), 0x01),
+    (encode("REPLACE", key="k", extras={"flags": 1, "expiration": 0}, value=b"r", opaque=2), 0x01),
+    (encode("DELETE", key="k", opaque=3), 0x01),
+    (encode("ADD", key="k", extras={"flags": 0x1234, "expiration": 0}, value=b"first", opaque=4), 0x00),
+    (encode("ADD", key="k", extras={"flags": 0, "expiration": 0}, value=b"again", opaque=5), 0x02),
+    (encode("SET", key="k", extras={"flags": 0, "expiration": 0}, value=b"cas", cas=_BOGUS_CAS, opaque=6), 0x02),
+    (encode("SET", key="other", extras={"flags": 0, "expiration": 0}, value=b"cas", cas=_BOGUS_CAS, opaque=7), 0x01),
+    (encode("GET", key="k", opaque=8), 0x00),
+    (encode("REPLACE", key="k", extras={"flags": 0x5678, "expiration": 0}, value=b"second", opaque=9), 0x00),
+    (encode("GET", key="k", opaque=10), 0x00),
+    (encode("DELETE", key="k", cas=_BOGUS_CAS, opaque=11), 0x02),
+    (encode("DELETE", key="k", opaque=12), 0x00),
+    (encode("GET", key="k", opaque=13), 0x01),
+    (encode("SET", key="k", extras={"flags": 7, "expiration": 0}, value=b"back", opaque=14), 0x00),
+    (encode("GET", key="k", opaque=15), 0x00),
+]
+
+
+def test_kv_statuses_match_memcached(memcached: tuple[str, int]) -> None:
+    """The simulator answers the classic KV commands as memcached does: statuses, values, flags, CAS changes."""
+    from dcpinspect.live.sasl import plain_payload
+    from dcpinspect.live.sim import Simulator
+
+    frames = [f for f, _ in KV_SEQUENCE]
+    mc = _raw_exchange(memcached[1], frames)
+    auth = [
+        encode("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password"), opaque=90),
+        encode("SELECT_BUCKET", key="default", opaque=91),
+    ]
+    with Simulator(vbuckets=1, items=0, seed=1).run_in_thread() as sim:
+        got = _raw_exchange(sim.port, auth + frames)[2:]
+    want = [status for _, status in KV_SEQUENCE]
+    assert [f.status for f in mc] == want
+    assert [f.status for f in got] == want
+    for a, b in zip(mc, got, strict=True):
+        assert (a.opcode, a.opaque) == (b.opcode, b.opaque)
+        if a.status == 0:  # errors: memcached adds a text ("Not found"), kv_engine none
+            assert (a.value, a.extras) == (b.value, b.extras), (a.opaque, a, b)
+    # CAS: a GET returns the CAS of the write before it, each write a new one (both servers)
+    for replies in (mc, got):
+        cas = {f.opaque: f.cas for f in replies}
+        assert cas[8] == cas[4] and cas[10] == cas[9] != cas[4] and cas[15] == cas[14]

@@ -17,41 +17,52 @@ from dcpinspect.live.sasl import ScramClient, plain_payload
 from dcpinspect.protocol import spec
 from dcpinspect.protocol.enums import Feature, Magic, Opcode, OpenFlag, Status
 from dcpinspect.protocol.rules import MAX_SEQNO as FOREVER
-from dcpinspect.protocol.session import EXPECTS_RESPONSE
+from dcpinspect.protocol.session import DCP_IDLE_TIMEOUT, DEFAULT_NOOP_INTERVAL, EXPECTS_RESPONSE, NOOP_OPAQUE_BASE
 
+#: DCP_CONTROL key, value, status: kv_engine engines/ep/src/dcp/producer.cc ``DcpProducer::control``
 CONTROL_CASES = [
     ("enable_noop", "true", 0),
-    ("enable_noop", "yes", 0x04),
+    ("enable_noop", "yes", 0),  # any value is accepted; only "true" turns noops on
     ("set_noop_interval", "0.1", 0),
-    ("set_noop_interval", "0.05", 0x04),
+    ("set_noop_interval", "0.05", 0x04),  # below connection_manager_interval
     ("set_noop_interval", "abc", 0x04),
+    ("set_noop_interval", "nan", 0x04),
     ("connection_buffer_size", "1024", 0),
+    ("connection_buffer_size", "4294967295", 0),
+    ("connection_buffer_size", "4294967296", 0x04),  # not a u32
     ("connection_buffer_size", "-1", 0x04),
     ("stream_buffer_size", "1024", 0x83),
     ("set_priority", "high", 0),
     ("set_priority", "urgent", 0x04),
     ("supports_cursor_dropping", "true", 0),
     ("supports_cursor_dropping_vulcan", "false", 0),
-    ("supports_hifi_MFU", "true", 0),
+    ("supports_hifi_MFU", "maybe", 0),  # any value
     ("force_value_compression", "true", 0x04),  # snappy not negotiated
     ("send_stream_end_on_client_close_stream", "true", 0),
-    ("send_stream_end_on_client_close_stream", "false", 0x04),
+    ("send_stream_end_on_client_close_stream", "false", 0),  # any value; "false" does not turn it off
     ("enable_expiry_opcode", "true", 0),
+    ("enable_expiry_opcode", "false", 0),
     ("enable_stream_id", "true", 0),
+    ("enable_stream_id", "false", 0x04),
     ("enable_sync_writes", "true", 0),
+    ("enable_sync_writes", "false", 0x04),
     ("consumer_name", "replica-1", 0),
     ("enable_out_of_order_snapshots", "true_with_seqno_advanced", 0),
     ("enable_out_of_order_snapshots", "maybe", 0x04),
     ("include_deleted_user_xattrs", "true", 0x04),  # open flag 0x100 not set
     ("v7_dcp_status_codes", "true", 0),
+    ("v7_dcp_status_codes", "false", 0x04),
     ("flatbuffers_system_events", "true", 0),
     ("flatbuffers_system_events", "false", 0x04),
-    ("change_streams", "true", 0x83),
+    ("change_streams", "true", 0x83),  # the simulator's storage keeps no history
+    ("change_streams", "false", 0x04),
     ("max_marker_version", "2.2", 0),
+    ("max_marker_version", "2.0", 0x04),  # only "2.2"
     ("max_marker_version", "3.0", 0x04),
     ("backfill_order", "sequential", 0),
     ("backfill_order", "random", 0x04),
-    ("cache_transfer", "true", 0x83),
+    ("cache_transfer", "true", 0),  # dcp_cache_transfer_enabled defaults to true
+    ("cache_transfer", "anything", 0),
     ("no_such_key", "true", 0x04),
 ]
 
@@ -63,7 +74,14 @@ CONTROL_CASES = [
 REQUEST_MAGICS = {Magic.CLIENT_REQUEST, Magic.ALT_CLIENT_REQUEST}
 RESPONSE_MAGICS = {Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE}
 #: why a producer closes a connection on its client's input (ProducerConnection's rule 2)
-DOCUMENTED_CLOSES = ("client sent QUIT", "on a connection without DCP_OPEN", "invalid data from the client", "unexpected magic")
+DOCUMENTED_CLOSES = (
+    "client sent QUIT",
+    "invalid data from the client",
+    "unexpected magic",
+    "DCP_NOOP request from the consumer",
+    "unexpected DCP_NOOP response",
+    "unexpected response",
+)
 CONTROL_CHOICES = [
     ("enable_noop", "true"),
     ("enable_stream_id", "true"),
@@ -116,7 +134,7 @@ def session_states(draw: st.DrawFn) -> list[bytes]:
     flags = draw(st.sampled_from(OPEN_CHOICES))
     frames.append(encode("DCP_OPEN", key="hyp", extras={"flags": int(flags)}))
     if not flags & OpenFlag.PRODUCER:
-        return frames  # refused (the simulator only produces): DCP commands would close the connection
+        return frames  # refused (the simulator only produces): DCP commands are then EINVAL
     for key, value in draw(st.lists(st.sampled_from(CONTROL_CHOICES), max_size=5)):
         frames.append(encode("DCP_CONTROL", key=key, value=value))
     if draw(st.booleans()):
@@ -174,7 +192,7 @@ def test_scram_wrong_password_is_auth_error() -> None:
 
 
 def test_seqnos_failover_log_and_stats() -> None:
-    cluster, p = make(items=10)
+    cluster, p = make(items=10, nodes=2)  # a failover promotes a replica: two nodes
     p.bootstrap()
     b = cluster.buckets["default"]
     rows = p.request("GET_ALL_VB_SEQNOS").body["vb_seqnos"]
@@ -213,6 +231,15 @@ def test_dcp_open_name_reuse_closes_older() -> None:
     assert p.conn.closed and "reused" in p.conn.close_reason and not q.conn.closed
 
 
+def test_the_same_dcp_name_on_two_nodes_is_two_connections() -> None:
+    cluster, p = make(nodes=2)
+    q = Peer(cluster)
+    q.conn.node = 1
+    p.bootstrap()
+    q.bootstrap()
+    assert not p.conn.closed and not q.conn.closed
+
+
 @pytest.mark.parametrize(("key", "value", "status"), CONTROL_CASES, ids=[f"{k}={v}" for k, v, _ in CONTROL_CASES])
 def test_dcp_control_rules(key: str, value: str, status: int) -> None:
     _, p = make()
@@ -229,23 +256,62 @@ def test_control_exclusions_and_dependencies() -> None:
     assert q.status("DCP_CONTROL", key="enable_stream_id", value="true") == 0x83
     _, r = make()
     r.bootstrap(features=(JSON,), controls={})
-    assert r.status("DCP_CONTROL", key="max_marker_version", value="2.2") == 0x04  # needs collections
+    assert r.status("DCP_CONTROL", key="max_marker_version", value="2.2") == 0x83  # NotSupported without collections
     _, s = make()
     s.bootstrap(features=(SNAPPY, JSON), open_flags=0x105, controls={})
     assert s.status("DCP_CONTROL", key="force_value_compression", value="true") == 0
     assert s.status("DCP_CONTROL", key="include_deleted_user_xattrs", value="true") == 0
 
 
-def test_dcp_before_open_disconnects() -> None:
+#: every DCP command a client may send: before DCP_OPEN each is EINVAL and the connection stays open
+#: (kv_engine daemon/mcbp_validators.cc ``verify_common_dcp_restrictions``)
+DCP_BEFORE_OPEN = [
+    ("DCP_CONTROL", {"key": "enable_noop", "value": "true"}),
+    ("DCP_GET_FAILOVER_LOG", {}),
+    ("DCP_STREAM_REQ", {"extras": {"end_seqno": FOREVER}}),
+    ("DCP_CLOSE_STREAM", {}),
+    ("DCP_NOOP", {}),
+    ("DCP_BUFFER_ACKNOWLEDGEMENT", {"extras": {"buffer_bytes": 10}}),
+    ("DCP_SEQNO_ACKNOWLEDGED", {"extras": {"prepared_seqno": 1}}),
+    ("DCP_ADD_STREAM", {"extras": {"flags": 0}}),
+]
+
+
+@pytest.mark.parametrize(("name", "kw"), DCP_BEFORE_OPEN, ids=[n for n, _ in DCP_BEFORE_OPEN])
+def test_dcp_commands_before_open_are_einval_and_the_connection_stays(name: str, kw: dict[str, Any]) -> None:
     _, p = make()
     assert p.status("SASL_AUTH", key="PLAIN", value=plain_payload("Administrator", "password")) == 0
     assert p.status("SELECT_BUCKET", key="default") == 0
-    p.send(encode("DCP_CONTROL", key="enable_noop", value="true"))
-    assert p.conn.closed
+    reply = p.request(name, **kw)
+    assert reply.frame.status == Status.EINVAL and not p.conn.closed
+    assert b"DCP connection" in reply.frame.value
+    assert p.request("GET_FAILOVER_LOG", vbucket=0).frame.status == 0  # 0x96 works on any connection
+    assert p.status("DCP_OPEN", key="late", extras={"flags": 1}) == 0 and p.status("DCP_CONTROL", key="enable_noop", value="true") == 0
+
+
+def test_a_dead_vbucket_still_returns_its_failover_log() -> None:
+    cluster, p = make()
+    p.bootstrap()
+    b = cluster.buckets["default"]
+    b.set_state(1, "dead")
+    for op in ("GET_FAILOVER_LOG", "DCP_GET_FAILOVER_LOG"):
+        log = p.request(op, vbucket=1).body["failover_log"]
+        assert [(e["vb_uuid"], e["vb_seqno"]) for e in log] == b.vbuckets[1].failover_log
+    assert p.status("DCP_GET_FAILOVER_LOG", vbucket=7) == Status.NOT_MY_VBUCKET  # no such vbucket
+
+
+def test_select_bucket_on_a_dcp_connection_is_not_supported() -> None:
+    _, p = make()
+    p.bootstrap()
+    assert p.status("SELECT_BUCKET", key="default") == Status.NOT_SUPPORTED
 
 
 # ---------------------------------------------------------------------------
 # stream request validation, in the server's order (§6.4)
+
+
+def _answer(p: Peer, noop) -> None:
+    p.send(encode("DCP_NOOP", response=True, opaque=noop.frame.opaque))
 
 
 def test_noop_interval_reply_and_idle_disconnect() -> None:
@@ -253,15 +319,86 @@ def test_noop_interval_reply_and_idle_disconnect() -> None:
     p.bootstrap(controls={"enable_noop": "true", "set_noop_interval": "1.0"})
     assert p.tick(0.5) == []
     noop = p.tick(0.6)
-    assert names(noop) == ["DCP_NOOP"] and noop[0].frame.opaque == 10000001
+    assert names(noop) == ["DCP_NOOP"] and noop[0].frame.opaque == NOOP_OPAQUE_BASE == 10000001
     assert p.tick(1.5) == []  # one pending at a time
-    p.send(encode("DCP_NOOP", response=True, opaque=noop[0].frame.opaque))
+    _answer(p, noop[0])
     noop2 = p.tick(1.1)
     assert noop2[0].frame.opaque == 10000002
     p.tick(3.0)
     assert not p.conn.closed
     p.tick(3.0)  # nothing received for > 5 s
-    assert p.conn.closed and "noop" in p.conn.close_reason
+    assert p.conn.closed and "dcp_idle_timeout" in p.conn.close_reason
+
+
+def test_noops_default_to_every_20_seconds_from_the_connection_start() -> None:
+    """kv_engine producer.cc: ``defaultDcpNoopTxInterval`` 20 s; the noop clock starts with the connection."""
+    _, p = make(items=0)
+    p.bootstrap(controls={"enable_noop": "true"})
+    assert p.conn.noop_interval == DEFAULT_NOOP_INTERVAL == 20.0
+    assert p.tick(19.9) == []
+    noop = p.tick(0.1)
+    assert names(noop) == ["DCP_NOOP"] and p.now == pytest.approx(20.0)
+    _answer(p, noop[0])
+    assert p.tick(19.9) == [] and names(p.tick(0.1)) == ["DCP_NOOP"]
+
+
+def test_noops_are_periodic_while_data_flows() -> None:
+    """A noop goes out every interval since the last noop, however busy the stream is (``maybeSendNoop``)."""
+    cluster, p = make(items=0, vbuckets=1)
+    p.bootstrap(controls={"enable_noop": "true", "set_noop_interval": "2"})
+    p.stream_req(0)
+    b = cluster.buckets["default"]
+    noops: list[float] = []
+    for i in range(40):  # a mutation every 0.25 s for 10 s
+        b.mutate(f"busy-{i}", {"i": i})
+        for d in p.tick(0.25):
+            if d.name == "DCP_NOOP" and d.role == "request":
+                noops.append(p.now)
+                _answer(p, d)
+    assert noops == pytest.approx([2.0, 4.0, 6.0, 8.0, 10.0])
+
+
+def test_no_second_noop_while_one_is_unanswered_and_idle_timeout_counts_from_the_last_receive() -> None:
+    _, p = make(items=0)  # idle timeout: kv_engine's default
+    assert p.cluster.idle_timeout == DCP_IDLE_TIMEOUT == 360.0
+    p.bootstrap(controls={"enable_noop": "true", "set_noop_interval": "10"})
+    sent = [d.frame.opaque for _ in range(35) for d in p.tick(10.0)]
+    assert sent == [10000001]  # 350 s, one noop, never answered
+    assert not p.conn.closed
+    p.send(encode("DCP_CONTROL", key="set_priority", value="high", opaque=99))  # anything received counts
+    p.tick(359.0)
+    assert not p.conn.closed
+    p.tick(1.5)
+    assert p.conn.closed and "360" in p.conn.close_reason
+
+
+def test_without_noops_there_is_no_idle_disconnect() -> None:
+    _, p = make(items=0)
+    p.bootstrap(controls={})
+    assert p.tick(10_000.0) == [] and not p.conn.closed
+
+
+def test_enable_noop_with_another_value_turns_noops_off() -> None:
+    _, p = make(items=0)
+    p.bootstrap(controls={"enable_noop": "true"})
+    assert p.status("DCP_CONTROL", key="enable_noop", value="TRUE") == 0
+    assert p.tick(100.0) == [] and not p.conn.noop_enabled
+
+
+def test_a_dcp_noop_request_from_the_consumer_disconnects() -> None:
+    _, p = make(items=0)
+    p.bootstrap()
+    assert p.send(encode("DCP_NOOP", opaque=5)) == []
+    assert p.conn.closed and "DCP_NOOP request" in p.conn.close_reason
+
+
+@pytest.mark.parametrize("opaque", [10000002, 10000000, 1])
+def test_a_noop_reply_with_an_opaque_never_sent_disconnects(opaque: int) -> None:
+    _, p = make(items=0)
+    p.bootstrap(controls={"enable_noop": "true", "set_noop_interval": "1"})
+    assert p.tick(1.0)[0].frame.opaque == 10000001
+    p.send(encode("DCP_NOOP", response=True, opaque=opaque))
+    assert p.conn.closed and "unexpected DCP_NOOP response" in p.conn.close_reason
 
 
 def test_malformed_requests() -> None:

@@ -139,3 +139,23 @@ def test_scram_client_check_says_why_the_server_final_is_refused() -> None:
         with pytest.raises(SaslError, match=why):
             client.check(bad)
         assert not client.verify(bad)
+
+
+#: the official SDK's (C++ core) client nonce: 8 bytes as sign-extended hex words joined by spaces
+SDK_NONCE = "0x54 0x27 0xfffffffa 0x68 0xffffffb1 0x0d 0x27 0x1d"
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1"])
+def test_scram_server_takes_the_sdks_spaced_nonce_and_answers_like_kv_engine(mech: str) -> None:
+    """Attributes are split on ',' only; the server-first holds exactly r, s, i (4096 iterations)."""
+    client = ScramClient(mech, "Administrator", "password", nonce=SDK_NONCE)
+    server = ScramServer(mech, {"Administrator": "password"})
+    first = server.first(client.first())
+    attrs = [a.split("=", 1) for a in first.decode().split(",")]
+    assert [k for k, _ in attrs] == ["r", "s", "i"] and attrs[0][1].startswith(SDK_NONCE) and attrs[2][1] == "4096"
+    final = server.final(client.final(first))
+    assert client.verify(final) and server.user == "Administrator"
+    wrong = ScramServer(mech, {"Administrator": "password"})
+    impostor = ScramClient(mech, "Administrator", "nope", nonce=SDK_NONCE)
+    with pytest.raises(SaslError):
+        wrong.final(impostor.final(wrong.first(impostor.first())))

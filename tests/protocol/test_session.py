@@ -24,7 +24,11 @@ from dcpinspect.protocol.session import (
     STREAM_END_REREQUEST,
     STREAM_MESSAGES,
     SYNC_WRITES,
+    control_on,
     control_status,
+    control_value,
+    parse_float,
+    parse_u32,
 )
 from dcpinspect.wire.decoder import FrameDecoder
 from dcpinspect.wire.dissect import dissect
@@ -130,16 +134,94 @@ def test_control_status_is_the_producers_answer(features: tuple[int, ...], open_
                 stream_ids=before.get("enable_stream_id") == "true",
             )
             assert s.control(key, value) == want, (key, value)
-            # an accepted key is recorded by the session, a refused one is not
-            assert s.conn.controls.get(key) == (value if want == Status.SUCCESS else before.get(key))
+            # an accepted key is recorded by the session (a one-way switch that is on stays on), a refused one is not
+            kept = control_value(key, value, before.get(key)) if want == Status.SUCCESS else before.get(key)
+            assert s.conn.controls.get(key) == kept
 
 
 @pytest.mark.parametrize("key", [*CONTROL_KEYS, "no_such_key", ""])
-def test_undecodable_and_unknown_controls_are_einval(key: str) -> None:
+def test_undecodable_and_unknown_controls(key: str) -> None:
+    """kv_engine compares the value's bytes: keys that take any value take bytes that are not UTF-8 too."""
     s = Session((Feature.COLLECTIONS,), OpenFlag.PRODUCER, {})
-    assert s.control(key, b"\xff\xfe") == Status.EINVAL
+    rule = CONTROL_KEYS.get(key)
+    want = control_status(key, b"\xff\xfe".decode("utf-8", "surrogateescape"), features={Feature.COLLECTIONS}, open_flags=OpenFlag.PRODUCER)
+    assert s.control(key, b"\xff\xfe") == want
+    if rule is not None and rule.values is None and rule.needs_feature is None:  # any value, bytes included
+        assert want == (Status.NOT_SUPPORTED if rule.refused else Status.SUCCESS)
+    else:
+        assert want != Status.SUCCESS
     if key not in CONTROL_KEYS:
         assert s.control(key, "true") == Status.EINVAL == control_status(key, "true")
+
+
+#: kv_engine engines/ep/src/dcp/producer.cc ``DcpProducer::control``, value by value
+SOURCE_RULES = [
+    ("enable_noop", "yes", Status.SUCCESS),  # any value; only "true" turns noops on
+    ("set_noop_interval", " 2.5 trailing", Status.SUCCESS),  # strtof: whitespace ends the number
+    ("set_noop_interval", "0x1p3", Status.SUCCESS),  # a C hex float
+    ("set_noop_interval", "inf", Status.SUCCESS),
+    ("set_noop_interval", "nan", Status.EINVAL),
+    ("set_noop_interval", "0.05", Status.EINVAL),  # below connection_manager_interval
+    ("set_noop_interval", "1e39", Status.EINVAL),  # ERANGE
+    ("connection_buffer_size", " +7", Status.SUCCESS),  # safe_strtoul skips spaces and one '+'
+    ("connection_buffer_size", "12 x", Status.SUCCESS),
+    ("connection_buffer_size", "12x", Status.EINVAL),
+    ("connection_buffer_size", "4294967296", Status.EINVAL),
+    ("connection_buffer_size", "-1", Status.EINVAL),
+    ("stream_buffer_size", "1024", Status.NOT_SUPPORTED),
+    ("supports_cursor_dropping", "no", Status.SUCCESS),
+    ("send_stream_end_on_client_close_stream", "false", Status.SUCCESS),
+    ("enable_expiry_opcode", "false", Status.SUCCESS),
+    ("enable_stream_id", "false", Status.EINVAL),
+    ("v7_dcp_status_codes", "false", Status.EINVAL),
+    ("flatbuffers_system_events", "false", Status.EINVAL),
+    ("change_streams", "true", Status.NOT_SUPPORTED),
+    ("change_streams", "false", Status.EINVAL),
+    ("max_marker_version", "2.0", Status.EINVAL),
+    ("cache_transfer", "anything", Status.SUCCESS),  # dcp_cache_transfer_enabled defaults to true
+]
+
+
+@pytest.mark.parametrize(("key", "value", "status"), SOURCE_RULES, ids=[f"{k}={v}" for k, v, _ in SOURCE_RULES])
+def test_control_rules_follow_the_server(key: str, value: str, status: int) -> None:
+    assert control_status(key, value, features={Feature.COLLECTIONS}) == status
+    assert Session((Feature.COLLECTIONS,), OpenFlag.PRODUCER, {}).control(key, value) == status
+
+
+def test_max_marker_version_without_collections_is_not_supported() -> None:
+    assert control_status("max_marker_version", "2.2") == Status.NOT_SUPPORTED
+    assert control_status("max_marker_version", "2.0") == Status.EINVAL
+    assert Session((), OpenFlag.PRODUCER, {}).control("max_marker_version", "2.2") == Status.NOT_SUPPORTED
+
+
+def test_one_way_and_switch_values() -> None:
+    s = Session((Feature.COLLECTIONS,), OpenFlag.PRODUCER, {})
+    assert s.control("send_stream_end_on_client_close_stream", "true") == Status.SUCCESS
+    assert s.control("send_stream_end_on_client_close_stream", "false") == Status.SUCCESS
+    assert s.conn.controls["send_stream_end_on_client_close_stream"] == "true"  # one-way: stays on
+    assert control_on("send_stream_end_on_client_close_stream", s.conn.controls)
+    assert s.control("enable_noop", "true") == Status.SUCCESS and s.conn.noop_enabled
+    assert s.control("enable_noop", "yes") == Status.SUCCESS and not s.conn.noop_enabled  # accepted, turns noops off
+    assert not control_on("enable_noop", s.conn.controls)
+    assert control_on("connection_buffer_size", {"connection_buffer_size": "0"})  # a quantity: set is on
+
+
+def test_parsers_follow_the_c_library() -> None:
+    assert [parse_u32(v) for v in ("7", " 7", "+7", "007", "7 x", "7x", "", "+", "-7", "4294967295", "0" * 30 + "1")] == [
+        7,
+        7,
+        7,
+        7,
+        7,
+        None,
+        None,
+        None,
+        None,
+        2**32 - 1,
+        1,
+    ]
+    assert parse_float("2.5") == 2.5 and parse_float(".5") == 0.5 and parse_float("0x1p-1") == 0.5
+    assert parse_float("1e39") is None and parse_float("abc") is None and parse_float("2.5x") is None
 
 
 def test_control_effects_reach_the_connection() -> None:
@@ -149,6 +231,7 @@ def test_control_effects_reach_the_connection() -> None:
     assert s.control("connection_buffer_size", "4294967295") == Status.SUCCESS and s.conn.buffer_size == 2**32 - 1
     assert s.control("connection_buffer_size", "4294967296") == Status.EINVAL and s.conn.buffer_size == 2**32 - 1
     assert s.control("enable_noop", "false") == Status.SUCCESS and not s.conn.noop_enabled
+    assert s.control("set_noop_interval", "inf") == Status.SUCCESS and s.conn.noop_interval == float("inf")
     assert s.control("enable_stream_id", "true") == Status.SUCCESS and s.conn.context.stream_ids
 
 
