@@ -24,7 +24,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..protocol.enums import Opcode, Status
-from ..protocol.session import CONTEXT_EFFECTS, SESSION_OPS
+from ..protocol.session import CONTEXT_EFFECTS, SESSION_OPS, control_on, control_value
 from ..protocol.session import REQUEST_MAGICS as _REQUEST_MAGICS
 from ..protocol.session import RESPONSE_MAGICS as _RESPONSE_MAGICS
 from ..wire.dissect import dissect
@@ -102,8 +102,8 @@ class ConnState:
     def _controls(self, req: Dissection, read: Callable[[], Dissection]) -> None:
         del read
         key, value = req.key_text, str(req.document) if req.document is not None else ""
-        self.controls[key] = value
-        if key == "enable_stream_id" and value == "true":
+        self.controls[key] = control_value(key, value, self.controls.get(key))  # a one-way switch that is on stays on
+        if key == "enable_stream_id" and control_on(key, self.controls):
             self.context = replace(self.context, stream_ids=True)
 
     def _bucket(self, req: Dissection, read: Callable[[], Dissection]) -> None:

@@ -14,6 +14,8 @@ from dcpinspect import decode, encode
 from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.capture.read import read_records
 from dcpinspect.flows.reassembly import ACK, FIN, RST, SYN, Reassembler, Segment
+from dcpinspect.flows.session import ConnState
+from dcpinspect.wire.events import Frame
 
 C = ("10.0.0.1", 50000)
 S = ("10.0.0.2", 11210)
@@ -519,3 +521,17 @@ def test_fuzz_slice_matches_the_ground_truth() -> None:
     failures = {seed: problem for seed in range(200) if (problem := fuzz.trial(seed))}
     assert failures == {}
     assert fuzz.shared(range(1000, 1100)) == {}  # one long-lived reassembler: pruning and port reuse change nothing
+
+
+def test_a_one_way_control_that_is_on_stays_on() -> None:
+    """send_stream_end_on_client_close_stream: "true" then "false", both accepted: the connection keeps "true" (producer.cc)."""
+    st = ConnState()
+    for value in ("true", "false"):
+        st.observe("c2s", Frame(0, encode("DCP_CONTROL", key="send_stream_end_on_client_close_stream", value=value, opaque=7)))
+        st.observe("s2c", Frame(0, encode("DCP_CONTROL", response=True, opaque=7)))
+    assert st.controls["send_stream_end_on_client_close_stream"] == "true"
+    st.observe("c2s", Frame(0, encode("DCP_CONTROL", key="set_priority", value="high", opaque=8)))
+    st.observe("s2c", Frame(0, encode("DCP_CONTROL", response=True, opaque=8)))
+    st.observe("c2s", Frame(0, encode("DCP_CONTROL", key="set_priority", value="low", opaque=9)))
+    st.observe("s2c", Frame(0, encode("DCP_CONTROL", response=True, opaque=9)))
+    assert st.controls["set_priority"] == "low"  # an ordinary key takes the newest value
