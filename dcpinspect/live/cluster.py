@@ -14,27 +14,37 @@ Nothing here speaks the protocol: the connections do (:mod:`.producer`,
 :mod:`.producer_streams`).  The cluster knows them only as :class:`Connection`
 (a name, a bucket, a way to close them).
 
->>> cluster = Cluster(seed=1)
+A cluster of ``nodes`` data nodes shares one cluster map: with two or more
+nodes each vbucket is active on node ``vb % nodes`` and has a replica on node
+``(vb + 1) % nodes`` (:meth:`Bucket.vbucket_map`); :meth:`Bucket.failover`
+promotes the replica, as a real hard failover does.
+
+>>> cluster = Cluster(seed=1, nodes=2)
 >>> bucket = cluster.create_bucket("default", vbuckets=2, items=4)
 >>> [vb.high_seqno for vb in bucket.vbuckets]
 [2, 2]
+>>> bucket.vbucket_map()
+[[0, 1], [1, 0]]
 >>> bucket.failover(0, lose=1) == bucket.vbuckets[0].uuid
 True
+>>> bucket.vbucket_map(), bucket.vbuckets[0].failover_log[0][1], cluster.rev
+([[1, -1], [1, 0]], 1, 2)
 """
 
 from __future__ import annotations
 
 import json
 import random
-import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..protocol.enums import Datatype, SystemEvent, VBucketState
+from ..protocol.session import DCP_IDLE_TIMEOUT
+from .vbucket import MAX_FAILOVER_ENTRIES, HistoryItem, Manifest, VBucket, vbucket_for_key
 
 __all__ = [
+    "BACKFILL_IDLE_LIMIT",
     "DCP_IDLE_TIMEOUT",
     "JOURNAL_MAX",
     "MAX_FAILOVER_ENTRIES",
@@ -48,20 +58,25 @@ __all__ = [
     "vbucket_for_key",
 ]
 
-#: kv_engine's max_failover_entries default
-MAX_FAILOVER_ENTRIES = 25
 #: entries kept in Cluster.journal by default
 JOURNAL_MAX = 200_000
-#: kv_engine's dcp_idle_timeout default (seconds without anything received -> disconnect, when noops are on)
-DCP_IDLE_TIMEOUT = 360.0
+#: kv_engine's dcp_backfill_idle_limit_seconds default: a backfill stalled this long under disk pressure ends Slow
+BACKFILL_IDLE_LIMIT = 720.0
 #: vbucket state names (as ``Bucket.set_state`` takes them) -> state
 VBUCKET_STATES: Mapping[str, int] = {s.name.lower(): int(s) for s in VBucketState}
 
 _ACTIVE = int(VBucketState.ACTIVE)
+_REPLICA = int(VBucketState.REPLICA)
+_DEAD = int(VBucketState.DEAD)
 _JSON = int(Datatype.JSON)
 _BEGIN_COLLECTION = int(SystemEvent.BEGIN_COLLECTION)
 _END_COLLECTION = int(SystemEvent.END_COLLECTION)
 _CREATE_SCOPE = int(SystemEvent.CREATE_SCOPE)
+_NO_NODE = -1
+_SLOW_AFTER_REMOVED = (
+    "slow_after was removed: a server never ends a stream Slow because the consumer stopped acking "
+    "(the producer pauses); Slow comes from a backfill stalled under disk pressure: bucket.disk_pressure(True)"
+)
 
 
 class Connection(Protocol):
@@ -79,120 +94,6 @@ class Connection(Protocol):
         """Close the connection."""
 
 
-def vbucket_for_key(key: bytes, vbuckets: int) -> int:
-    """The vbucket a key hashes to (CRC32 as the SDKs compute it)."""
-    return ((zlib.crc32(key) >> 16) & 0x7FFF) % vbuckets
-
-
-# ---------------------------------------------------------------------------
-# data model
-
-
-@dataclass(slots=True)
-class HistoryItem:
-    """One seqno of a vbucket's history.
-
-    ``kind`` is ``mutation``, ``deletion``, ``expiration``, ``prepare``, ``commit``,
-    ``abort`` or ``system``.  Commits carry the committed value and ``prepared_seqno``;
-    system events carry ``event`` (a :class:`~dcpinspect.protocol.enums.SystemEvent`), ``scope_id``, ``manifest_uid`` and the
-    collection/scope name in ``key``.
-    """
-
-    seqno: int
-    kind: str
-    key: bytes
-    cid: int = 0
-    value: bytes = b""
-    datatype: int = 0
-    cas: int = 0
-    rev_seqno: int = 1
-    flags: int = 0
-    expiration: int = 0
-    delete_time: int = 0
-    prepared_seqno: int = 0
-    durability: int = 1
-    deleted: bool = False
-    event: int = 0
-    scope_id: int = 0
-    manifest_uid: int = 0
-    max_ttl: int | None = None
-
-    @property
-    def dedup_key(self) -> tuple[Any, ...]:
-        """Items sharing this key are deduplicated inside a snapshot (as a checkpoint deduplicates them).
-
-        Prepares/aborts live in the prepared namespace, everything else in the
-        committed one; system events are never deduplicated.
-        """
-        if self.kind == "system":
-            return ("system", self.seqno)
-        return ("prepared" if self.kind in ("prepare", "abort") else "committed", self.cid, self.key)
-
-    @property
-    def is_tombstone(self) -> bool:
-        """Deletions, expirations, aborts and deleted commits (what compaction purges)."""
-        return self.kind in ("deletion", "expiration", "abort") or (self.kind == "commit" and self.deleted)
-
-
-@dataclass
-class Manifest:
-    """The bucket's scopes and collections (ids 0-7 reserved, 0 = ``_default``)."""
-
-    uid: int = 0
-    scopes: dict[int, str] = field(default_factory=lambda: {0: "_default"})
-    collections: dict[int, tuple[str, int, int | None]] = field(default_factory=lambda: {0: ("_default", 0, None)})
-    next_id: int = 8
-
-    def collection_id(self, name: str) -> int:
-        """The id of a collection by name (``scope.collection`` or a bare name), or KeyError."""
-        scope, _, coll = name.rpartition(".")
-        for cid, (cname, sid, _ttl) in self.collections.items():
-            if cname == coll and (not scope or self.scopes.get(sid) == scope):
-                return cid
-        raise KeyError(name)
-
-    def scope_id(self, name: str) -> int:
-        """The id of a scope by name, or KeyError."""
-        for sid, sname in self.scopes.items():
-            if sname == name:
-                return sid
-        raise KeyError(name)
-
-
-@dataclass
-class VBucket:
-    """One vbucket: state, history, failover table (newest first), purge seqno."""
-
-    id: int
-    state: int = _ACTIVE
-    failover_log: list[tuple[int, int]] = field(default_factory=list)
-    log: list[HistoryItem] = field(default_factory=list)
-    purge_seqno: int = 0
-    #: bumped whenever live streams must end (failover, rollback, state change)
-    generation: int = 0
-    #: the last seqno assigned (kept apart from the log: purged tombstones keep their seqno)
-    high_seqno: int = 0
-
-    @property
-    def uuid(self) -> int:
-        """The newest failover entry's UUID."""
-        return self.failover_log[0][0]
-
-    def add_failover_entry(self, uuid: int, seqno: int) -> None:
-        """New branch: drop entries above ``seqno``, put it first, cap at :data:`MAX_FAILOVER_ENTRIES`."""
-        kept = [(u, s) for u, s in self.failover_log if s <= seqno]
-        self.failover_log = [(uuid, seqno), *kept][:MAX_FAILOVER_ENTRIES]
-
-    def records(self, lo: int, hi: int) -> list[HistoryItem]:
-        """HistoryItems with lo < seqno <= hi, in seqno order."""
-        return [r for r in self.log if lo < r.seqno <= hi]
-
-    def collection_high_seqno(self, cids: Iterable[int]) -> int:
-        """The highest seqno touching any of these collections (documents and their system events)."""
-        want = set(cids)
-        return max((r.seqno for r in self.log if r.cid in want), default=0)
-
-
 class Bucket:
     """A bucket: vbuckets, the collections manifest, and the workload/scenario methods."""
 
@@ -200,14 +101,40 @@ class Bucket:
         self.cluster = cluster
         self.name = name
         self.manifest = Manifest()
-        self.vbuckets = [VBucket(i) for i in range(vbuckets)]
+        self.vbuckets = [VBucket(i, nodes=cluster.initial_nodes(i)) for i in range(vbuckets)]
         for vb in self.vbuckets:
             vb.add_failover_entry(cluster.new_uuid(), 0)
-            cluster.note("vbucket_created", bucket=name, vb=vb.id, uuid=vb.uuid, seqno=0)
+            cluster.note("vbucket_created", bucket=name, vb=vb.id, uuid=vb.uuid, seqno=0, nodes=list(vb.nodes))
         self._values: dict[tuple[int, bytes], int] = {}  # rev seqno per document
+        #: scenario state read by the streams: disk above the backfill idle threshold (backfills stall)
+        self.disk_pressure_on = False
+        #: vbucket (or None: any) -> how many of its next backfills fail
+        self.backfill_failures: dict[int | None, int] = {}
+        #: users whose privileges on this bucket were revoked
+        self.revoked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Bucket({self.name!r}, vbuckets={len(self.vbuckets)})"
+
+    # --- where the vbuckets live ------------------------------------------------------
+    def vbucket_map(self) -> list[list[int]]:
+        """Vbucket -> [active node, replica nodes...] (-1: none), as the cluster map's vBucketMap."""
+        return [list(vb.nodes) for vb in self.vbuckets]
+
+    def state_on(self, vbid: int, node: int) -> int:
+        """The state vbucket ``vbid`` has on ``node``: its own state on the active node, replica on a replica, else dead."""
+        vb = self.vbuckets[vbid]
+        if node == vb.nodes[0]:
+            return vb.state
+        return _REPLICA if node in vb.nodes[1:] else _DEAD
+
+    def document(self, key: bytes | str, cid: int = 0) -> HistoryItem | None:
+        """The current committed version of a document (``None`` if absent or deleted)."""
+        k = key.encode() if isinstance(key, str) else key
+        for r in reversed(self.vbucket_of(k).log):
+            if r.cid == cid and r.key == k and r.kind in ("mutation", "deletion", "expiration", "commit"):
+                return None if r.is_tombstone else r
+        return None
 
     # --- workload ---------------------------------------------------------------
     def vbucket_of(self, key: bytes | str) -> VBucket:
@@ -231,7 +158,10 @@ class Bucket:
             rev = self._values.get(dk, 0) + (0 if rec.kind in ("prepare", "abort") else 1)
             self._values[dk] = rev
             rec.rev_seqno = max(rev, 1)
+        if not (rec.kind == "system" and rec.event == _CREATE_SCOPE):
+            vb.collection_highs[rec.cid] = rec.seqno
         vb.log.append(rec)
+        self.cluster.changed()
         return rec
 
     def mutate(self, key: bytes | str, value: Any = None, *, collection: str | int = 0, flags: int = 0, expiration: int = 0) -> HistoryItem:
@@ -339,41 +269,152 @@ class Bucket:
         return {vb.id: vb.high_seqno for vb in self.vbuckets if vb.state == _ACTIVE}
 
     # --- scenario controls ---------------------------------------------------------
-    def failover(self, vbucket: int, *, lose: int = 0) -> int:
-        """Fail a vbucket over: the last ``lose`` items are lost, then a new UUID at the new high seqno.
+    def failover(self, vbucket: int, *, lose: int = 0, partial: int = 0) -> int:
+        """Hard-fail the vbucket's active node over: its replica is promoted; returns the new UUID.
 
-        Live streams of the vbucket end with StateChanged (kv_engine sends Rollback as
-        StateChanged); consumers that saw lost items get a rollback on re-request.
-        Returns the new UUID.
+        The replica may lag: it never received the last ``lose`` items, and the
+        last ``partial`` items it has belong to a snapshot it had not completed.
+        The promoted copy keeps what it has (the high seqno drops by ``lose``) and
+        gets a new failover entry at the end of its last *complete* snapshot
+        (kv_engine ``CheckpointManager::getFailoverSeqno``), so a consumer that has
+        items above it rolls back to it.  The old node holds the vbucket no more
+        (its connections get NotMyVbucket for it), the vbucket has no replica
+        until a rebalance, the cluster map's revision is bumped, and every live
+        stream of the vbucket ends StateChanged: consumers reconnect to the node
+        the new map names.
+
+        Raises ValueError with one node (nothing to promote: create the cluster
+        with ``nodes >= 2``) or when the vbucket has no replica left.
         """
+        if self.cluster.nodes < 2:
+            raise ValueError("failover promotes a replica: it needs a cluster of nodes >= 2 (Cluster(nodes=2) / Simulator(nodes=2))")
         vb = self.vbuckets[vbucket]
+        replicas = [n for n in vb.nodes[1:] if n != _NO_NODE]
+        if not replicas:
+            raise ValueError(f"vbucket {vbucket} has no replica to promote (already failed over)")
+        if lose < 0 or partial < 0:
+            raise ValueError("lose and partial must be >= 0")
+        old, new = vb.nodes[0], replicas[0]
         if lose:
             vb.high_seqno = max(vb.high_seqno - lose, 0)
             vb.log = [r for r in vb.log if r.seqno <= vb.high_seqno]
+            for cid, high in list(vb.collection_highs.items()):
+                if high > vb.high_seqno:
+                    vb.collection_highs[cid] = max((r.seqno for r in vb.log if r.cid == cid), default=0)
+            vb.purge_seqno = min(vb.purge_seqno, vb.high_seqno)
+        seqno = max(vb.high_seqno - partial, 0)
         uuid = self.cluster.new_uuid()
         before = list(vb.failover_log)
-        vb.add_failover_entry(uuid, vb.high_seqno)
+        vb.add_failover_entry(uuid, seqno)
+        vb.nodes = [new, *[_NO_NODE] * (len(vb.nodes) - 1)]
         vb.state = _ACTIVE
         vb.generation += 1
+        self.cluster.rev += 1
         removed = [[u, s] for u, s in before if (u, s) not in vb.failover_log]
-        self.cluster.note("failover", bucket=self.name, vb=vbucket, uuid=uuid, seqno=vb.high_seqno, lost=lose, removed=removed)
+        self.cluster.note(
+            "failover",
+            bucket=self.name,
+            vb=vbucket,
+            old_node=old,
+            new_node=new,
+            uuid=uuid,
+            seqno=seqno,
+            high_seqno=vb.high_seqno,
+            lost=lose,
+            partial=partial,
+            removed=removed,
+            rev=self.cluster.rev,
+        )
+        self.cluster.changed()
         return uuid
 
     def purge(self, vbucket: int, upto: int | None = None) -> int:
-        """Compaction: purge tombstones with seqno <= ``upto`` (default: the high seqno); returns the purge seqno."""
+        """Compaction: purge tombstones and completed prepares with seqno <= ``upto`` (default: all); returns the purge seqno.
+
+        The purge seqno becomes the seqno of the newest item purged (never lower
+        than before), as kv_engine's compaction sets it, not the high seqno.
+        """
         vb = self.vbuckets[vbucket]
         upto = vb.high_seqno if upto is None else min(upto, vb.high_seqno)
-        vb.log = [r for r in vb.log if not (r.seqno <= upto and (r.is_tombstone or r.kind == "prepare"))]
-        vb.purge_seqno = max(vb.purge_seqno, upto)
-        self.cluster.note("purge", bucket=self.name, vb=vbucket, purge_seqno=vb.purge_seqno, high_seqno=vb.high_seqno)
+        completed = {r.prepared_seqno for r in vb.log if r.kind in ("commit", "abort")}
+
+        gone = []
+        for r in vb.log:
+            if not r.purged and r.seqno <= upto and (r.is_tombstone or (r.kind == "prepare" and r.seqno in completed)):
+                r.purged = True
+                gone.append(r.seqno)
+        vb.purge_seqno = max([vb.purge_seqno, *gone])
+        self.cluster.note("purge", bucket=self.name, vb=vbucket, purge_seqno=vb.purge_seqno, high_seqno=vb.high_seqno, purged=len(gone))
+        self.cluster.changed()
         return vb.purge_seqno
 
     def set_state(self, vbucket: int, state: int | str) -> None:
-        """Change a vbucket's state (1 active, 2 replica, 3 pending, 4 dead); live streams end (StateChanged)."""
+        """Change a vbucket's state on its active node (1 active, 2 replica, 3 pending, 4 dead); live streams end (StateChanged)."""
         vb = self.vbuckets[vbucket]
         vb.state = VBUCKET_STATES[state] if isinstance(state, str) else state
         vb.generation += 1
         self.cluster.note("set_state", bucket=self.name, vb=vbucket, state=vb.state)
+        self.cluster.changed()
+
+    def disk_pressure(self, on: bool = True) -> None:
+        """Disk use above ``dcp_backfill_idle_disk_threshold`` and backfills stalled (True), or back to normal.
+
+        While it is on, no backfill makes progress; a stream whose backfill made no
+        progress for the cluster's ``backfill_idle_limit`` ends Slow
+        (kv_engine ``DCPBackfillDiskToStream::isSlow``).  Streaming from memory goes on.
+        """
+        self.disk_pressure_on = on
+        self.cluster.note("disk_pressure", bucket=self.name, on=on)
+        self.cluster.changed()
+
+    def fail_backfills(self, vbucket: int | None = None, *, times: int = 1) -> None:
+        """The next ``times`` backfills of ``vbucket`` (None: of any vbucket) fail: their streams end BackfillFail."""
+        self.backfill_failures[vbucket] = self.backfill_failures.get(vbucket, 0) + times
+        self.cluster.note("backfill_failure_armed", bucket=self.name, vb=vbucket, times=times)
+        self.cluster.changed()
+
+    def take_backfill_failure(self, vbucket: int) -> bool:
+        """Whether a backfill of ``vbucket`` starting now fails (uses up one armed failure)."""
+        for key in (vbucket, None):
+            if self.backfill_failures.get(key, 0) > 0:
+                self.backfill_failures[key] -= 1
+                return True
+        return False
+
+    def drop_cursors(self, vbucket: int | None = None) -> int:
+        """Memory pressure: drop the checkpoint cursors of the in-memory streams of ``vbucket`` (None: all).
+
+        Only connections that allow it are affected (every connection by default,
+        except those whose DCP name contains ``replication`` unless they sent
+        ``supports_cursor_dropping=true``; kv_engine ``DcpProducer``).  Their
+        streams do not end: they go on with a disk backfill from where they were.
+        Returns how many streams were switched.
+        """
+        n = 0
+        for conn in list(self.cluster.connections):
+            drop = getattr(conn, "drop_cursors", None)
+            if drop is not None and conn.bucket is self:
+                n += drop(vbucket)
+        self.cluster.note("cursors_dropped", bucket=self.name, vb=vbucket, streams=n)
+        self.cluster.changed()
+        return n
+
+    def lose_privileges(self, user: str | None = None) -> None:
+        """Revoke a user's (None: every user's) DCP privileges on this bucket: their streams end LostPrivileges.
+
+        A non-collection connection sees the end as OK (kv_engine ``mapEndStreamStatus``);
+        new stream requests from the user are refused (EACCESS) until :meth:`restore_privileges`.
+        """
+        users = set(self.cluster.users) if user is None else {user}
+        self.revoked |= users
+        self.cluster.note("privileges_lost", bucket=self.name, users=sorted(users))
+        self.cluster.changed()
+
+    def restore_privileges(self, user: str | None = None) -> None:
+        """Give a user (None: everyone) back the privileges :meth:`lose_privileges` took."""
+        self.revoked -= set(self.cluster.users) if user is None else {user}
+        self.cluster.note("privileges_restored", bucket=self.name, user=user)
+        self.cluster.changed()
 
 
 def _value(value: Any) -> tuple[bytes, int]:
@@ -385,15 +426,19 @@ def _value(value: Any) -> tuple[bytes, int]:
 
 
 class Cluster:
-    """Buckets, users and the connections streaming from them; deterministic given ``seed``.
+    """Buckets, users, data nodes and the connections streaming from them; deterministic given ``seed``.
 
     Args:
         users: user name -> password.
+        nodes: data nodes (one port each at the edge).  With two or more, every
+            vbucket has one replica (active on ``vb % nodes``, replica on ``(vb + 1) % nodes``).
         seed: seeds the vbucket UUIDs.
         idle_timeout: kv_engine's dcp_idle_timeout (seconds without receiving anything, noops on).
-        slow_after: seconds a flow-control window may stay full before the streams end Slow
-            (``None``: never).
-        checkpoint_items: seqnos per memory snapshot.
+        slow_after: removed (must be ``None``): kv_engine never ends a stream Slow because
+            the consumer stopped acking; see :meth:`Bucket.disk_pressure`.
+        backfill_idle_limit: seconds a backfill may make no progress under disk pressure
+            before its stream ends Slow (kv_engine's ``dcp_backfill_idle_limit_seconds``).
+        checkpoint_items: seqnos per checkpoint (memory snapshots never cross a multiple of it).
         max_batch: bytes one :meth:`~dcpinspect.live.producer.ProducerConnection.pump` queues before yielding.
         output_limit: bytes of output a connection holds (produced, not yet taken with
             :meth:`~dcpinspect.live.producer.ProducerConnection.data_to_send`) before it stops producing more: requests
@@ -401,37 +446,60 @@ class Cluster:
             flow control or not.  A client that never reads cannot grow a connection's output.
         journal_max: entries kept in :attr:`journal` (the oldest are dropped beyond it).
 
+    :attr:`addresses` holds each node's (host, port) once an edge listens for it;
+    :attr:`rev` is the cluster map's revision (bumped when a vbucket map changes);
+    :attr:`on_change` is called (by :meth:`changed`) after any data change, so an
+    edge can wake its streaming connections: it must not run them re-entrantly
+    (the Simulator schedules a kick on its loop).
+
     :attr:`journal` is the simulator's own record of what it did (the ground truth a
     timeline built from a capture can be checked against): one dict per event, with
-    ``event`` one of ``vbucket_created``, ``failover``, ``purge``, ``set_state``,
-    ``scope_created``, ``collection_created``, ``collection_dropped`` (bucket-level),
-    ``stream_request`` (``decision`` ``success`` / ``rollback`` / ``error`` with the
-    ``rollback_seqno`` or ``status``), ``marker``, ``oso``, ``item`` (``opcode`` name and
-    ``seqno``: documents, system events, sync writes, seqno-advanced),
-    ``set_vbucket_state``, ``stream_end`` (wire ``status``), ``close_stream``,
-    ``seqno_ack``, ``buffer_ack`` and ``flow_blocked`` (connection-level).  Stream entries carry the
-    connection (``conn``: a serial number, ``name``: the DCP_OPEN name), ``vb`` and
-    ``sid``, and are noted when the frame is sent, not when it is queued.
+    ``event`` one of ``vbucket_created``, ``failover`` (``old_node``/``new_node``),
+    ``purge``, ``set_state``, ``scope_created``, ``collection_created``,
+    ``collection_dropped``, ``disk_pressure``, ``backfill_failure_armed``,
+    ``cursors_dropped``, ``privileges_lost``, ``privileges_restored``, ``disconnect``
+    (bucket/cluster-level), ``stream_request`` (``decision`` ``success`` / ``rollback``
+    / ``error`` with the ``rollback_seqno`` or ``status``), ``marker``, ``oso``,
+    ``item`` (``opcode`` name and ``seqno``: documents, system events, sync writes,
+    seqno-advanced), ``set_vbucket_state``, ``stream_end`` (wire ``status``, internal
+    ``reason``; ``status`` None for Disconnected, which is never sent),
+    ``stream_replaced``, ``cursor_dropped``, ``backfill_failed``, ``close_stream``,
+    ``seqno_ack``, ``buffer_ack`` and ``flow_blocked`` (connection-level).  Stream
+    entries carry the connection (``conn``: a serial number, ``name``: the DCP_OPEN
+    name), ``vb`` and ``sid``, and are noted when the frame is sent, not when it is queued.
     """
 
     def __init__(
         self,
         users: Mapping[str, str] | None = None,
         *,
+        nodes: int = 1,
         seed: int = 0,
         idle_timeout: float = DCP_IDLE_TIMEOUT,
         slow_after: float | None = None,
+        backfill_idle_limit: float = BACKFILL_IDLE_LIMIT,
         checkpoint_items: int = 50,
         max_batch: int = 1 << 20,
         output_limit: int = 1 << 20,
         journal_max: int = JOURNAL_MAX,
     ) -> None:
+        if slow_after is not None:
+            raise ValueError(_SLOW_AFTER_REMOVED)
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, not {nodes}")
         self.journal: deque[dict[str, Any]] = deque(maxlen=journal_max)
         self._serial = 0  # the last connection serial handed out
         self.users = dict(users if users is not None else {"Administrator": "password"})
         self.buckets: dict[str, Bucket] = {}
+        self.nodes = nodes
+        #: (host, port) of each node, filled by the edge that listens for it
+        self.addresses: list[tuple[str, int] | None] = [None] * nodes
+        #: the cluster map's revision
+        self.rev = 1
+        #: called by :meth:`changed` (the edge's wake-up; must not run connections re-entrantly)
+        self.on_change: Callable[[], None] | None = None
         self.idle_timeout = idle_timeout
-        self.slow_after = slow_after
+        self.backfill_idle_limit = backfill_idle_limit
         self.checkpoint_items = checkpoint_items
         self.max_batch = max_batch
         self.output_limit = output_limit
@@ -439,21 +507,45 @@ class Cluster:
         self._rng = random.Random(seed)
         self._cas = 0x1700000000000000
 
+    @property
+    def slow_after(self) -> None:
+        """Removed: always ``None`` (setting it raises ValueError, see :meth:`Bucket.disk_pressure`)."""
+        return None
+
+    @slow_after.setter
+    def slow_after(self, value: float | None) -> None:
+        if value is not None:
+            raise ValueError(_SLOW_AFTER_REMOVED)
+
     def __repr__(self) -> str:
-        return f"Cluster(buckets={sorted(self.buckets)}, connections={len(self.connections)})"
+        return f"Cluster(nodes={self.nodes}, buckets={sorted(self.buckets)}, connections={len(self.connections)})"
 
     def note(self, event: str, **fields: Any) -> None:
         """Add an entry to :attr:`journal`."""
         self.journal.append({"event": event, **fields})
 
+    def changed(self) -> None:
+        """Data changed outside a connection's own pump: tell the edge (:attr:`on_change`)."""
+        if self.on_change is not None:
+            self.on_change()
+
     def new_uuid(self) -> int:
-        """A fresh vbucket UUID (never 0: 0 means "no uuid" in a stream request)."""
-        return self._rng.randrange(1, 2**64)
+        """A fresh vbucket UUID: 48 bits, never 0 (kv_engine ``FailoverTable::generateUuid``: next() >> 16)."""
+        while True:
+            uuid = self._rng.getrandbits(64) >> 16
+            if uuid:
+                return uuid
 
     def next_cas(self) -> int:
         """A fresh, increasing CAS."""
         self._cas += 1 << 16
         return self._cas
+
+    def initial_nodes(self, vbid: int) -> list[int]:
+        """Where a new vbucket lives: [active] with one node, [active, replica] with more."""
+        if self.nodes == 1:
+            return [0]
+        return [vbid % self.nodes, (vbid + 1) % self.nodes]
 
     def create_bucket(self, name: str = "default", *, vbuckets: int = 4, items: int = 0) -> Bucket:
         """Add a bucket with ``items`` documents in the default collection."""
@@ -473,7 +565,17 @@ class Cluster:
         if conn in self.connections:
             self.connections.remove(conn)
 
-    def drop_connections(self, reason: str = "dropped by scenario") -> None:
-        """Close every connection (the edge then closes the sockets)."""
-        for c in list(self.connections):
+    def drop_connections(self, reason: str = "dropped by scenario", *, node: int | None = None) -> int:
+        """Close every connection (of one node, or all): their streams end Disconnected, which is never sent.
+
+        The edge then closes the sockets.  Returns how many connections were closed.
+        """
+        conns = [c for c in self.connections if node is None or getattr(c, "node", 0) == node]
+        self.note("disconnect", reason=reason, node=node, connections=len(conns))
+        for c in conns:
+            disconnect = getattr(c, "disconnect_streams", None)
+            if disconnect is not None:
+                disconnect(reason)
             c.close(reason)
+        self.changed()
+        return len(conns)

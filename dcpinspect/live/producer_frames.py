@@ -8,12 +8,18 @@ when; this module says what each looks like on the wire, given a
 2. Values: none with DCP_OPEN NoValue, none but the datatype with
    NoValueWithUnderlyingDatatype, snappy-compressed with
    ``force_value_compression``.
-3. A committed sync write is a DCP_COMMIT with sync replication, else a plain
+3. A committed sync write is a DCP_COMMIT with ``enable_sync_writes``, else a plain
    mutation or deletion; an expiry is DCP_EXPIRATION only with
    ``enable_expiry_opcode`` *and* IncludeDeleteTimes, and a deletion is v2 with
    IncludeDeleteTimes.
-4. Snapshot markers are v1, v2.0 (sync replication) or v2.2 (``max_marker_version``);
-   system events are flatbuffers (version 2) with ``flatbuffers_system_events``.
+4. A snapshot marker's encoding follows from the optional fields the server fills
+   for *that* marker (kv_engine ``DcpSnapshotMarker::encode``, active_stream.cc):
+   the max visible seqno with full sync replication (``enable_sync_writes`` +
+   ``consumer_name``), the high completed seqno on disk markers with full sync
+   replication, the purge seqno on disk markers after ``max_marker_version=2.2``,
+   the high prepared seqno on disk markers with both.  A purge or high prepared
+   seqno makes it v2.2, else a max visible or high completed seqno v2.0, else v1.
+5. System events are flatbuffers (version 2) with ``flatbuffers_system_events``.
 """
 
 from __future__ import annotations
@@ -36,32 +42,42 @@ class StreamFormat:
     """What shapes a connection's stream frames (taken from its negotiation)."""
 
     collections: bool
+    #: ``enable_sync_writes``: prepares, commits and aborts are streamed
+    sync_writes: bool
+    #: ``enable_sync_writes`` + ``consumer_name``: full sync replication (markers carry MVS/HCS)
     sync_replication: bool
     open_flags: int
     controls: dict[str, str]
-    marker_version: str  # "v1", "v2.0" or "v2.2"
+    #: ``max_marker_version=2.2`` accepted: disk markers carry the purge seqno
+    marker_v22: bool
 
 
-def marker_frame(fmt: StreamFormat, vb: VBucket, start: int, end: int, flags: int, *, disk: bool, **common: Any) -> bytes:
-    """A DCP_SNAPSHOT_MARKER for (start, end] of ``vb`` in the connection's marker version."""
-    if fmt.marker_version == "v1":
-        return encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": start, "end_seqno": end, "flags": flags}, **common)
-    upto = [r for r in vb.log if r.seqno <= end]
-    mvs = max((r.seqno for r in upto if r.kind not in ("prepare", "abort", "system")), default=0)
-    hcs = max((r.prepared_seqno for r in upto if r.kind in ("commit", "abort")), default=0) if disk else 0
-    value: dict[str, int] = {"start_seqno": start, "end_seqno": end, "flags": flags, "max_visible_seqno": mvs, "high_completed_seqno": hcs}
-    version = MarkerVersion.V2_0
-    if fmt.marker_version == "v2.2":
-        version = MarkerVersion.V2_2
-        value["purge_seqno"] = vb.purge_seqno
-        value["high_prepared_seqno"] = max((r.seqno for r in upto if r.kind == "prepare"), default=0) if disk else 0
-    return encode("DCP_SNAPSHOT_MARKER", extras={"version": int(version)}, value=value, **common)
+def marker_frame(fmt: StreamFormat, vb: VBucket, start: int, end: int, flags: int, *, disk: bool, **common: Any) -> tuple[bytes, str]:
+    """A DCP_SNAPSHOT_MARKER for [start, end] of ``vb``, and its version (``v1``, ``v2.0`` or ``v2.2``)."""
+    mvs = hcs = hps = purge = None
+    if fmt.sync_replication:
+        mvs = vb.max_visible_seqno(end)  # system events count as visible
+        if disk:
+            hcs = max((r.prepared_seqno for r in vb.log if r.seqno <= end and r.kind in ("commit", "abort")), default=0)
+            if fmt.marker_v22:
+                hps = max((r.seqno for r in vb.log if r.seqno <= end and r.kind == "prepare"), default=0)
+    if fmt.marker_v22 and disk:
+        purge = vb.purge_seqno
+    if purge is None and hps is None and mvs is None and hcs is None:
+        return encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": start, "end_seqno": end, "flags": flags}, **common), "v1"
+    value: dict[str, int] = {"start_seqno": start, "end_seqno": end, "flags": flags, "max_visible_seqno": mvs or 0}
+    value["high_completed_seqno"] = hcs or 0
+    if purge is None and hps is None:
+        return encode("DCP_SNAPSHOT_MARKER", extras={"version": int(MarkerVersion.V2_0)}, value=value, **common), "v2.0"
+    value["purge_seqno"] = purge or 0
+    value["high_prepared_seqno"] = hps or 0
+    return encode("DCP_SNAPSHOT_MARKER", extras={"version": int(MarkerVersion.V2_2)}, value=value, **common), "v2.2"
 
 
 def item_frame(fmt: StreamFormat, r: HistoryItem, *, vbucket: int, opaque: int, sid: int | None) -> tuple[str, bytes]:
     """The frame of one history item, and its command name."""
     kind = r.kind
-    if kind == "commit" and not fmt.sync_replication:
+    if kind == "commit" and not fmt.sync_writes:
         kind = "deletion" if r.deleted else "mutation"  # committed sync writes arrive as plain items
     common: dict[str, Any] = {"vbucket": vbucket, "opaque": opaque, "key": r.key, "cid": r.cid if fmt.collections else None}
     return _ITEM_FRAMES[kind](fmt, r, sid, common)

@@ -1,4 +1,4 @@
-"""The streaming half of the simulated producer: stream requests, snapshots, flow control.
+"""The streaming half of the simulated producer: stream requests, stream commands, flow control.
 
 :class:`StreamingMixin` is mixed into
 :class:`~dcpinspect.live.producer.ProducerConnection`, which supplies the
@@ -6,95 +6,57 @@ session (what was negotiated, in its :class:`~dcpinspect.flows.session.ConnState
 and the output (``_send``/``_reply``).  The rules, in the order a stream lives:
 
 1. A DCP_STREAM_REQ is checked in kv_engine's order (``DcpProducer::streamRequest``):
-   validator rules, vbucket, FromLatest, noop, ranges, stream id, filter,
-   existing stream, then the rollback rule
+   validator rules, privileges, vbucket (its state on this connection's node),
+   FromLatest, noop (mandatory on a connection with HELLO Collections or
+   xattrs), ranges, stream id and filter (the value's keys), existing stream
+   (a dead one is replaced), then the rollback rule
    (:func:`~dcpinspect.protocol.rules.rollback_decision`), then the end seqno.
-2. An open stream is a queue of frames filled a snapshot at a time: a disk
-   snapshot up to the high seqno at request time, then memory snapshots of at
-   most ``Cluster.checkpoint_items`` seqnos.  Inside a snapshot each key appears
-   once (its latest version); :mod:`.producer_frames` says what each frame looks
-   like for what the connection negotiated.
+2. An open stream is a queue of frames filled a snapshot at a time by
+   :class:`~dcpinspect.live.producer_snapshots.SnapshotsMixin`.
 3. :meth:`StreamingMixin.pump_streams` moves queued frames to the output round
    robin over the streams, charging each to the flow-control window
    (:func:`~dcpinspect.protocol.rules.flow_control_size`) and stopping when the
-   window is full.
-4. A stream ends with DCP_STREAM_END: at its end seqno (OK), after a state
-   change of its vbucket (StateChanged), when its filter is empty
-   (FilterEmpty), after a client close (Closed, if asked for) or when the
-   window stayed full too long (Slow).
+   window is full: a consumer that stops acking only pauses the producer, and a
+   STREAM_END waits behind a full window like any message.
+4. A stream ends with DCP_STREAM_END: at the end of the snapshot containing its
+   end seqno (OK), after a client close (Closed, if asked for), a state change
+   of its vbucket (StateChanged), a backfill stalled under disk pressure
+   (Slow), a failed backfill (BackfillFail), a purge that overtook its backfill
+   (Rollback, sent as StateChanged), an empty filter (FilterEmpty) or lost
+   privileges (LostPrivileges; both sent as OK without collections).  A
+   dropped connection ends its streams Disconnected, which is never sent.
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..flows.session import ConnState
-from ..protocol.enums import (
-    Feature,
-    OpenFlag,
-    OsoFlag,
-    SnapshotFlag,
-    Status,
-    StreamEndStatus,
-    StreamReqFlag,
-    SystemEvent,
-    VBucketState,
-)
-from ..protocol.rules import RollbackDecision, flow_control_size, rollback_decision
+from ..protocol.enums import Feature, Opcode, OpenFlag, Status, StreamEndStatus, StreamReqFlag, VBucketState
+from ..protocol.rules import RollbackDecision, rollback_decision
 from ..wire.dissection import Dissection
 from ..wire.encode import encode
-from .cluster import Bucket, Cluster, HistoryItem, VBucket
-from .producer_frames import StreamFormat, item_frame, item_note, marker_frame
+from .cluster import Bucket, VBucket
+from .producer_frames import StreamFormat
+from .producer_snapshots import ProducerStream, SnapshotsMixin
 
-__all__ = ["MAX_STREAM_ID", "ProducerStream", "StreamRequest", "StreamingMixin", "json_value"]
+__all__ = ["MAX_STREAM_ID", "STREAM_REQUEST_KEYS", "ProducerStream", "StreamRequest", "StreamingMixin", "json_value"]
 
 #: the largest stream id (a 16-bit frame info)
 MAX_STREAM_ID = (1 << 16) - 1
+#: the keys a stream request's JSON value may hold (kv_engine collections/vbucket_filter.cc); one at least
+STREAM_REQUEST_KEYS = frozenset({"uid", "sid", "collections", "scope", "purge_seqno", "cts"})
 
-_ACTIVE, _REPLICA, _PENDING, _DEAD = (int(s) for s in (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING, VBucketState.DEAD))
+_ACTIVE, _REPLICA, _DEAD = (int(s) for s in (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.DEAD))
 _SR = StreamReqFlag
 _SR_KNOWN = int(sum(_SR))  # every flag the table knows
 _SR_CACHE_TRANSFER_ALLOWED = int(_SR.TAKEOVER | _SR.ACTIVE_VB_ONLY | _SR.CACHE_TRANSFER)
 _END = StreamEndStatus
-_SCOPE_EVENTS = frozenset(int(e) for e in (SystemEvent.CREATE_SCOPE, SystemEvent.DROP_SCOPE))
-_DISK_SNAPSHOT = int(SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT)
-_MEMORY, _CHECKPOINT = int(SnapshotFlag.MEMORY), int(SnapshotFlag.CHECKPOINT)
-_OSO_START, _OSO_END = int(OsoFlag.START), int(OsoFlag.END)
-_OOO_CONTROL = "enable_out_of_order_snapshots"
 _COLLECTIONS = int(Feature.COLLECTIONS)
-
-
-@dataclass
-class ProducerStream:
-    """One DCP stream of a connection, keyed by (vbucket, sid)."""
-
-    vb: int
-    sid: int | None
-    opaque: int
-    flags: int
-    start: int
-    end: int
-    generation: int
-    #: ``None``: every collection; a set: the filter (legacy streams: ``{0}``)
-    cids: frozenset[int] | None
-    filtered: bool
-    backfill_end: int
-    last_queued: int = 0
-    first_marker: bool = True
-    #: (frame, flow-control size, kind, journal entry noted when it is sent)
-    queue: deque[tuple[bytes, int, str, tuple[str, dict[str, Any]] | None]] = field(default_factory=deque)
-    ended: bool = False
-    end_status: int | None = None
-    takeover: str = ""  # "", "pending" (waiting for ack 1), "active" (waiting for ack 2)
-
-    @property
-    def key(self) -> tuple[int, int | None]:
-        """(vbucket, sid)."""
-        return (self.vb, self.sid)
+_CURSOR_DROPPING = ("supports_cursor_dropping", "supports_cursor_dropping_vulcan")
 
 
 @dataclass
@@ -128,14 +90,11 @@ def json_value(value: bytes) -> Any:
         return None
 
 
-class StreamingMixin:
+class StreamingMixin(SnapshotsMixin):
     """The streams of a producer connection (mixed into :class:`~dcpinspect.live.producer.ProducerConnection`)."""
 
     # --- supplied by the connection -------------------------------------------------------
-    cluster: Cluster
-    bucket: Bucket | None
     session: ConnState
-    serial: int
     closed: bool
     noop_enabled: bool
 
@@ -185,9 +144,14 @@ class StreamingMixin:
         return _COLLECTIONS in self.session.features
 
     @property
+    def sync_writes(self) -> bool:
+        """``enable_sync_writes``: prepares, commits and aborts are streamed; a ``collections`` filter is refused."""
+        return self.session.controls.get("enable_sync_writes") == "true"
+
+    @property
     def sync_replication(self) -> bool:
-        """``enable_sync_writes`` + ``consumer_name``: prepares, commits and aborts are streamed."""
-        return self.session.controls.get("enable_sync_writes") == "true" and bool(self.session.controls.get("consumer_name"))
+        """``enable_sync_writes`` + ``consumer_name``: full sync replication (SEQNO_ACKNOWLEDGED, markers with MVS/HCS)."""
+        return self.sync_writes and bool(self.session.controls.get("consumer_name"))
 
     @property
     def stream_ids(self) -> bool:
@@ -195,11 +159,22 @@ class StreamingMixin:
         return self.session.controls.get("enable_stream_id") == "true"
 
     @property
-    def marker_version(self) -> str:
-        """``v1``, ``v2.0`` (sync replication) or ``v2.2`` (``max_marker_version`` 2.2)."""
-        if self.session.controls.get("max_marker_version") == "2.2":
-            return "v2.2"
-        return "v2.0" if self.sync_replication else "v1"
+    def cursor_dropping(self) -> bool:
+        """Whether the server may drop this connection's cursors (kv_engine: on unless the name contains ``replication``, or as controlled)."""
+        values = [self.session.controls[k] for k in _CURSOR_DROPPING if k in self.session.controls]
+        if values:
+            return "true" in values
+        return "replication" not in (self.dcp_name or "")
+
+    def _format(self) -> StreamFormat:
+        return StreamFormat(
+            self.collections,
+            self.sync_writes,
+            self.sync_replication,
+            self.open_flags,
+            self.controls,
+            self.controls.get("max_marker_version") == "2.2",
+        )
 
     # --- DCP_STREAM_REQ ------------------------------------------------------------------
     def _stream_req(self, d: Dissection, now: float) -> None:
@@ -234,6 +209,7 @@ class StreamingMixin:
         journal: dict[str, Any] = {
             "conn": self.serial,
             "name": self.dcp_name,
+            "node": self.node,
             "vb": d.frame.vbucket or 0,
             "sid": parsed.get("sid") if isinstance(parsed, dict) else None,
             "opaque": d.frame.opaque,
@@ -267,12 +243,17 @@ class StreamingMixin:
             return Status.EINVAL
         return Status.NOT_SUPPORTED if flags & _SR.CACHE_TRANSFER else None
 
+    def _check_privileges(self, req: StreamRequest, b: Bucket) -> int | None:
+        """The user still has its privileges on the bucket (:meth:`~dcpinspect.live.cluster.Bucket.lose_privileges`)."""
+        return Status.EACCESS if self.user is not None and self.user in b.revoked else None
+
     def _check_vbucket(self, req: StreamRequest, b: Bucket) -> int | None:
-        """The vbucket exists and may stream (ActiveVbOnly: active only); FromLatest moves the start to its high seqno."""
+        """The vbucket exists and may stream on this node (ActiveVbOnly: active only); FromLatest moves the start to its high seqno."""
         if req.vbid >= len(b.vbuckets):
             return Status.NOT_MY_VBUCKET
         vb = req.vb = b.vbuckets[req.vbid]
-        if vb.state not in (_ACTIVE, _REPLICA) or (req.flags & _SR.ACTIVE_VB_ONLY and vb.state != _ACTIVE):
+        state = b.state_on(req.vbid, self.node)
+        if state not in (_ACTIVE, _REPLICA) or (req.flags & _SR.ACTIVE_VB_ONLY and state != _ACTIVE):
             return Status.NOT_MY_VBUCKET
         if req.flags & _SR.FROM_LATEST:
             req.start = req.snap_start = req.snap_end = vb.high_seqno
@@ -280,9 +261,9 @@ class StreamingMixin:
         return None
 
     def _check_ranges(self, req: StreamRequest, b: Bucket) -> int | None:
-        """Noops are mandatory for xattrs and collections; start <= end and snap_start <= start <= snap_end."""
-        if not self.noop_enabled and (self.open_flags & OpenFlag.INCLUDE_XATTRS or req.d.frame.value):
-            return Status.NOT_SUPPORTED
+        """Noops are mandatory with xattrs and on any collections connection; start <= end and snap_start <= start <= snap_end."""
+        if not self.noop_enabled and (self.open_flags & OpenFlag.INCLUDE_XATTRS or self.collections):
+            return Status.NOT_SUPPORTED  # producer.cc: the executor fills the value of every request on a collections connection
         if req.start > req.end or not req.snap_start <= req.start <= req.snap_end:
             return Status.ERANGE
         return None
@@ -297,21 +278,16 @@ class StreamingMixin:
         req.sid = sid
         return None
 
-    def _check_exists(self, req: StreamRequest, b: Bucket) -> int | None:
-        """No filtered stream with sync replication, no second live stream per (vbucket, sid), a readable purge seqno."""
-        if req.filtered and self.sync_replication:
-            return Status.NOT_SUPPORTED
-        if (req.vbid, req.sid) in self.streams and not self.streams[(req.vbid, req.sid)].ended:
-            return Status.KEY_EEXISTS
-        try:
-            req.client_purge = int(req.obj.get("purge_seqno", "0"))
-        except (TypeError, ValueError):
-            return Status.EINVAL
-        return None
-
     def _filter(self, req: StreamRequest, b: Bucket) -> int | None:
-        """The collections a stream sees (``req.cids``, ``req.filtered``); the error status, or ``None``."""
+        """The value's keys and the collections a stream sees (``req.cids``, ``req.filtered``); the error status, or ``None``."""
         obj = req.obj
+        if req.d.frame.value and not obj.keys() & STREAM_REQUEST_KEYS:
+            return Status.EINVAL  # a value with none of the known keys
+        if "purge_seqno" in obj:
+            raw = obj["purge_seqno"]
+            if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
+                return Status.EINVAL  # a decimal string; a JSON number is refused
+            req.client_purge = int(raw)
         if "collections" in obj and "scope" in obj:
             return Status.EINVAL
         if "collections" in obj:
@@ -321,6 +297,8 @@ class StreamingMixin:
                 return Status.EINVAL
             if any(c not in b.manifest.collections for c in wanted):
                 return Status.UNKNOWN_COLLECTION
+            if self.sync_writes:
+                return Status.NOT_SUPPORTED  # a collections filter with sync writes (a scope filter is allowed)
             req.cids, req.filtered = frozenset(wanted), True
         elif "scope" in obj:
             try:
@@ -336,6 +314,11 @@ class StreamingMixin:
             req.cids = frozenset({0})
         return None
 
+    def _check_exists(self, req: StreamRequest, b: Bucket) -> int | None:
+        """No second live stream per (vbucket, sid); a dead one is replaced (producer.cc ``shouldAddVBToProducerConnection``)."""
+        st = self.streams.get((req.vbid, req.sid))
+        return Status.KEY_EEXISTS if st is not None and not st.dead else None
+
     def _rollback_check(self, req: StreamRequest) -> RollbackDecision:
         vb = req.vb
         assert vb is not None
@@ -349,7 +332,8 @@ class StreamingMixin:
             purge_seqno=vb.purge_seqno,
             flags=req.flags,
             client_purge_seqno=req.client_purge,
-            filtered_max_seqno=vb.collection_high_seqno(req.cids) if req.filtered and req.cids is not None else None,
+            # legacy streams (cids {0}) use the default collection's high seqno, as filtered ones theirs
+            filtered_max_seqno=vb.collection_high_seqno(req.cids) if req.cids is not None else None,
         )
 
     def _open_stream(self, req: StreamRequest, now: float) -> None:
@@ -358,13 +342,18 @@ class StreamingMixin:
         assert vb is not None
         high, start, end = vb.high_seqno, req.start, req.end
         if req.flags & _SR.TO_LATEST:
-            end = vb.collection_high_seqno(req.cids) if req.filtered and req.cids is not None else high
+            end = vb.collection_high_seqno(req.cids) if req.cids is not None else high
         elif req.flags & _SR.DISK_ONLY:
             end = high  # everything is persisted in the simulator
         if start > end or start > high:
             self.cluster.note("stream_request", **req.journal, decision="error", status=int(Status.ERANGE))
             self._reply(req.d, Status.ERANGE, now=now)
             return
+        old = self.streams.get((req.vbid, req.sid))
+        if old is not None:  # a dead stream: replaced, with what it still had queued (its STREAM_END too)
+            self._journal(old, ("stream_replaced", {"dropped": len(old.queue), "reason": old.end_status}))
+            old.queue.clear()
+            self._finish(old)
         st = ProducerStream(
             vb=req.vbid,
             sid=req.sid,
@@ -375,8 +364,11 @@ class StreamingMixin:
             generation=vb.generation,
             cids=req.cids,
             filtered=req.filtered,
-            backfill_end=min(high, end) if start < high else 0,
+            backfill_end=high if start < high else 0,
             last_queued=start,
+            snap_start=req.snap_start,
+            client_purge=req.client_purge,
+            collection_filter="collections" in req.obj,
         )
         self.streams[st.key] = st
         self.cluster.note(
@@ -400,16 +392,20 @@ class StreamingMixin:
             return
         vbid = d.frame.vbucket or 0
         st = self.streams.get((vbid, sid))
-        status = Status.KEY_ENOENT if st is None or st.ended else Status.SUCCESS
+        if st is None:
+            # producer.cc closeStream: an unknown stream id on a vbucket that has streams
+            vb_found = any(k[0] == vbid for k in self.streams)
+            status = Status.DCP_STREAM_ID_INVALID if sid is not None and vb_found else Status.KEY_ENOENT
+        else:
+            status = Status.KEY_ENOENT if st.dead else Status.SUCCESS
         self.cluster.note("close_stream", conn=self.serial, name=self.dcp_name, vb=vbid, sid=sid, status=int(status))
         self._reply(d, status, now=now)
         if st is None or status != Status.SUCCESS:
             return
-        st.queue.clear()
         if self.controls.get("send_stream_end_on_client_close_stream") == "true":
-            self._queue_end(st, _END.CLOSED)
-            st.end_status = _END.CLOSED
+            self._end(st, _END.CLOSED)  # what is queued still goes, then STREAM_END(Closed)
         else:
+            st.queue.clear()  # erased at once: nothing follows the close response
             self._finish(st)
 
     def _buffer_ack(self, d: Dissection, now: float) -> None:
@@ -426,9 +422,27 @@ class StreamingMixin:
         vbid = d.frame.vbucket or 0
         self.cluster.note("seqno_ack", conn=self.serial, name=self.dcp_name, vb=vbid, prepared_seqno=d.extras.get("prepared_seqno"))
         if not self.sync_replication:
-            self._reply(d, Status.EINVAL, now=now)  # answered with errors only
+            self._reply(d, Status.EINVAL, now=now)  # acks need consumer_name (full sync replication); answered with errors only
         elif self.bucket is not None and vbid >= len(self.bucket.vbuckets):
             self._reply(d, Status.NOT_MY_VBUCKET, now=now)
+
+    def _stream_response(self, d: Dissection, now: float) -> None:
+        """A response from the consumer (other than to a noop): a takeover's SET_VBUCKET_STATE ack or a marker ack.
+
+        The stream is found by the response's opaque (producer.cc ``handleResponse``);
+        other responses are ignored.
+        """
+        op = d.frame.opcode
+        if op not in (Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SNAPSHOT_MARKER):
+            return
+        st = next((s for s in self.streams.values() if s.opaque == d.frame.opaque and not s.dead), None)
+        if st is None:
+            return
+        if op == Opcode.DCP_SNAPSHOT_MARKER:
+            st.marker_acks = max(0, st.marker_acks - 1)
+            self._journal(st, ("marker_ack", {"waiting": st.marker_acks}))
+        elif st.takeover in ("pending", "active"):
+            self._takeover_ack(st, now)
 
     def _takeover_ack(self, st: ProducerStream, now: float) -> None:
         """The consumer acknowledged a takeover DCP_SET_VBUCKET_STATE: pending -> active (the vbucket is dead here) -> end."""
@@ -440,15 +454,17 @@ class StreamingMixin:
             vb.generation += 1
             st.generation = vb.generation  # the takeover stream itself carries on
             st.takeover = "active"
+            self.cluster.note("set_state", bucket=b.name, vb=st.vb, state=_DEAD, by="takeover")
             self._queue(
                 st,
                 encode("DCP_SET_VBUCKET_STATE", extras={"state": _ACTIVE}, vbucket=st.vb, opaque=st.opaque),
                 "state",
                 note=("set_vbucket_state", {"state": _ACTIVE}),
             )
+            self.cluster.changed()
         elif st.takeover == "active":
             st.takeover = "done"
-            self._queue_end(st, _END.OK)
+            self._end(st, _END.OK)
 
     # --- moving frames to the output -----------------------------------------------------
     def _window_full(self) -> bool:
@@ -473,20 +489,20 @@ class StreamingMixin:
                 if st is None or st.ended:
                     continue
                 if not st.queue:
-                    self._fill(st)
+                    self._fill(st, now)
                 if not st.queue:
                     continue
                 if self._window_full():
                     self._note_blocked(now)
-                    return
-                frame, size, what, note = st.queue.popleft()
-                self._send(frame, now)
-                if note is not None:
-                    self._journal(st, note)
-                self.bytes_outstanding += size if self.buffer_size > 0 else 0
-                budget -= len(frame)
+                    return  # the producer pauses: nothing ends because the consumer stopped acking
+                q = st.queue.popleft()
+                self._send(q.frame, now)
+                if q.note is not None:
+                    self._journal(st, q.note)
+                self.bytes_outstanding += q.size if self.buffer_size > 0 else 0
+                budget -= len(q.frame)
                 progressed = True
-                if what == "end":
+                if q.what == "end":
                     self._finish(st)
             idle_rounds = 0 if progressed else idle_rounds + 1
             keys = [k for k in self.streams if not self.streams[k].ended]
@@ -500,147 +516,52 @@ class StreamingMixin:
                 "flow_blocked", conn=self.serial, name=self.dcp_name, outstanding=self.bytes_outstanding, buffer=self.buffer_size
             )
 
+    # --- time and scenario controls --------------------------------------------------------
     def end_slow_streams(self, now: float) -> None:
-        """End every stream Slow if the window stayed full for the cluster's ``slow_after``.
+        """End Slow every stream whose backfill made no progress under disk pressure for the cluster's ``backfill_idle_limit``.
 
-        A choice: the cursor is dropped and the STREAM_END(Slow) goes out past the
-        full window, else it could never arrive.
+        kv_engine ``DCPBackfillDiskToStream::isSlow``; takeover streams are immune.
+        The STREAM_END(Slow) is queued like any message (it waits behind a full window).
         """
-        slow = self.cluster.slow_after
-        if self._blocked_since is None or slow is None or now - self._blocked_since < slow:
+        b = self.bucket
+        if b is None or not b.disk_pressure_on:
             return
         for st in list(self.streams.values()):
+            if st.dead or st.flags & _SR.TAKEOVER or st.stalled_since is None or st.backfill_end <= st.last_queued:
+                continue
+            if now - st.stalled_since >= self.cluster.backfill_idle_limit:
+                self._end(st, _END.SLOW, stalled=now - st.stalled_since)
+
+    def drop_cursors(self, vbucket: int | None = None) -> int:
+        """Memory pressure dropped the cursors of this connection's in-memory streams (of ``vbucket``, or all).
+
+        Only if the connection allows cursor dropping.  The streams do not end: their
+        next data comes from a disk backfill.  Returns how many streams were switched.
+        """
+        if not self.cursor_dropping:
+            return 0
+        n = 0
+        for st in self.streams.values():
+            if st.dead or st.backfilling or st.cursor_dropped or (vbucket is not None and st.vb != vbucket):
+                continue
+            st.cursor_dropped = True
+            self._journal(st, ("cursor_dropped", {"seqno": st.last_queued}))
+            n += 1
+        return n
+
+    def disconnect_streams(self, reason: str) -> None:
+        """The connection is going: every stream ends Disconnected, which is never sent (journaled with ``reason``)."""
+        for st in list(self.streams.values()):
             if not st.ended:
-                st.queue.clear()
-                frame = self._stream_end_frame(st, _END.SLOW)
-                self._send(frame, now)
-                self._journal(st, ("stream_end", {"status": self._end_wire(_END.SLOW), "reason": int(_END.SLOW), "past_window": True}))
-                self.bytes_outstanding += flow_control_size(frame[0], frame[1], len(frame))
-                self._finish(st)
-        self._blocked_since = None
-
-    def _finish(self, st: ProducerStream) -> None:
-        st.ended = True
-        self.streams.pop(st.key, None)
-
-    def _end_wire(self, status: int) -> int:
-        """The status a stream end goes out with (kv_engine's ``mapEndStreamStatus``)."""
-        if status == _END.ROLLBACK:
-            return int(_END.STATE_CHANGED)
-        if not self.collections and status in (_END.FILTER_EMPTY, _END.LOST_PRIVILEGES):
-            return int(_END.OK)
-        return int(status)
-
-    def _stream_end_frame(self, st: ProducerStream, status: int) -> bytes:
-        return encode("DCP_STREAM_END", extras={"status": self._end_wire(status)}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid)
-
-    def _queue_end(self, st: ProducerStream, status: int) -> None:
-        note = ("stream_end", {"status": self._end_wire(status), "reason": int(status)})
-        self._queue(st, self._stream_end_frame(st, status), "end", note=note)
-
-    def _journal(self, st: ProducerStream, note: tuple[str, dict[str, Any]]) -> None:
-        self.cluster.note(note[0], conn=self.serial, name=self.dcp_name, vb=st.vb, sid=st.sid, **note[1])
-
-    def _queue(self, st: ProducerStream, raw: bytes, what: str, note: tuple[str, dict[str, Any]] | None = None) -> None:
-        st.queue.append((raw, flow_control_size(raw[0], raw[1], len(raw)), what, note))
-
-    # --- filling a stream's queue --------------------------------------------------------
-    def _fill(self, st: ProducerStream) -> None:
-        """Queue the stream's next snapshot, or its end, or (takeover) its DCP_SET_VBUCKET_STATE."""
-        b = self.bucket
-        assert b is not None
-        vb = b.vbuckets[st.vb]
-        if vb.generation != st.generation:
-            self._queue_end(st, _END.STATE_CHANGED)
-            return
-        if st.takeover:
-            return
-        if st.filtered and st.cids is not None and not (st.cids & set(b.manifest.collections)) and st.last_queued >= vb.high_seqno:
-            self._queue_end(st, _END.FILTER_EMPTY)
-            return
-        if st.last_queued >= st.end:
-            self._queue_end(st, _END.OK)
-            return
-        target = min(vb.high_seqno, st.end)
-        if target <= st.last_queued:
-            if st.flags & _SR.TAKEOVER:
-                raw = encode("DCP_SET_VBUCKET_STATE", extras={"state": _PENDING}, vbucket=st.vb, opaque=st.opaque)
-                self._queue(st, raw, "state", note=("set_vbucket_state", {"state": _PENDING}))
-                st.takeover = "pending"
-            return
-        if st.backfill_end and st.first_marker:
-            self._snapshot(st, vb, st.last_queued, st.backfill_end, disk=True)
-        else:
-            hi = min(target, st.last_queued + max(1, self.cluster.checkpoint_items))
-            self._snapshot(st, vb, st.last_queued, hi, disk=False)
-
-    def _visible(self, st: ProducerStream, r: HistoryItem) -> bool:
-        if r.kind == "system":
-            return self.collections and (st.cids is None or r.cid in st.cids or (r.event in _SCOPE_EVENTS and not st.filtered))
-        if st.cids is not None and r.cid not in st.cids:
-            return False
-        if r.kind in ("prepare", "abort"):
-            return self.sync_replication
-        return True
-
-    def _snapshot(self, st: ProducerStream, vb: VBucket, lo: int, hi: int, *, disk: bool) -> None:
-        """Queue one snapshot (lo, hi]: marker + deduplicated items (+ seqno-advanced)."""
-        b = self.bucket
-        assert b is not None
-        recs = vb.records(lo, hi)
-        if disk:
-            live = set(b.manifest.collections)
-            recs = [r for r in recs if r.kind == "system" or r.cid in live]
-        latest: dict[tuple[Any, ...], HistoryItem] = {}
-        for r in recs:
-            latest[r.dedup_key] = r  # each key at most once per snapshot
-        items = sorted((r for r in latest.values() if self._visible(st, r)), key=lambda r: r.seqno)
-        if disk and not self.sync_replication:
-            # the disk copy of a committed sync write is the commit; hide prepares whose commit is on disk
-            items = [r for r in items if r.kind not in ("prepare", "abort")]
-        first = st.first_marker
-        st.first_marker = False
-        st.last_queued = hi
-        fmt = self._format()
-        ooo = self.controls.get(_OOO_CONTROL)
-        if disk and first and st.start == 0 and ooo in ("true", "true_with_seqno_advanced") and st.filtered and len(st.cids or ()) == 1:
-            self._oso_snapshot(st, fmt, items, hi, seqno_advanced=ooo == "true_with_seqno_advanced")
-            return
-        # the marker starts at the requested start for the first marker, else at the first item's seqno
-        start = lo if first else (items[0].seqno if items else lo + 1)
-        flags = _DISK_SNAPSHOT if disk else (_MEMORY | (_CHECKPOINT if first else 0))
-        raw = marker_frame(fmt, vb, start, hi, flags, disk=disk, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid)
-        self._queue(st, raw, "marker", note=("marker", {"start": start, "end": hi, "flags": flags, "version": fmt.marker_version}))
-        for r in items:
-            self._item(st, fmt, r)
-        if self.collections and (not items or items[-1].seqno < hi):
-            self._seqno_advanced(st, hi)  # the snapshot ends on seqnos this stream does not see
-
-    def _oso_snapshot(self, st: ProducerStream, fmt: StreamFormat, items: list[HistoryItem], hi: int, *, seqno_advanced: bool) -> None:
-        """An out-of-order backfill of one collection: OSO start, the items in key order, OSO end."""
-        common: dict[str, Any] = {"vbucket": st.vb, "opaque": st.opaque, "stream_id": st.sid}
-        self._queue(st, encode("DCP_OSO_SNAPSHOT", extras={"flags": _OSO_START}, **common), "oso", note=("oso", {"flags": _OSO_START}))
-        for r in sorted(items, key=lambda r: r.key):
-            self._item(st, fmt, r)
-        self._queue(st, encode("DCP_OSO_SNAPSHOT", extras={"flags": _OSO_END}, **common), "oso", note=("oso", {"flags": _OSO_END}))
-        if seqno_advanced and (not items or max(r.seqno for r in items) < hi):
-            self._seqno_advanced(st, hi)
-
-    def _seqno_advanced(self, st: ProducerStream, seqno: int) -> None:
-        raw = encode("DCP_SEQNO_ADVANCED", extras={"seqno": seqno}, vbucket=st.vb, opaque=st.opaque, stream_id=st.sid)
-        self._queue(st, raw, "sa", note=("item", {"opcode": "DCP_SEQNO_ADVANCED", "seqno": seqno}))
-
-    def _format(self) -> StreamFormat:
-        return StreamFormat(self.collections, self.sync_replication, self.open_flags, self.controls, self.marker_version)
-
-    def _item(self, st: ProducerStream, fmt: StreamFormat, r: HistoryItem) -> None:
-        name, raw = item_frame(fmt, r, vbucket=st.vb, opaque=st.opaque, sid=st.sid)
-        self._queue(st, raw, "item", note=item_note(name, r))
+                st.dead = False  # a dead stream's pending STREAM_END is lost with the connection too
+                self._end(st, _END.DISCONNECTED, why=reason)
+        self.streams.clear()
 
 
 #: the checks of a DCP_STREAM_REQ before the rollback rule, in kv_engine's order
 _STREAM_REQ_CHECKS: tuple[Callable[[StreamingMixin, StreamRequest, Bucket], int | None], ...] = (
     StreamingMixin._check_validator,
+    StreamingMixin._check_privileges,
     StreamingMixin._check_vbucket,
     StreamingMixin._check_ranges,
     StreamingMixin._check_stream_id,

@@ -2,15 +2,19 @@
 
 Inside a running event loop (Jupyter)::
 
-    sim = Simulator(items=100)
-    await sim.start()            # sim.host, sim.port
+    sim = Simulator(items=100, nodes=2)
+    await sim.start()            # sim.host, sim.port (node 0); sim.addresses (every node)
     sim.failover(0, lose=5)      # scenario controls, callable while streaming
     await sim.stop()
 
 From synchronous code::
 
-    with Simulator(items=100).run_in_thread() as sim:   # returns once listening
-        sim.failover(0, lose=5)                         # marshalled onto the simulator's loop
+    with Simulator(items=100, nodes=2).run_in_thread() as sim:   # returns once listening
+        sim.failover(0, lose=5)                                  # marshalled onto the simulator's loop
+
+Each data node listens on its own port of the same host; every node serves the
+same :class:`~dcpinspect.live.cluster.Cluster` (one cluster map), each
+connection as the node it was made to.
 
 Command line (:mod:`dcpinspect.cli.live`): ``dcpinspect sim --port 0`` prints ``listening on HOST:PORT`` first
 (``[HOST]:PORT`` for IPv6) and runs until SIGINT/SIGTERM.
@@ -20,15 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from .cluster import DCP_IDLE_TIMEOUT, Bucket, Cluster
+from .cluster import BACKFILL_IDLE_LIMIT, DCP_IDLE_TIMEOUT, Bucket, Cluster
 from .producer import ProducerConnection
+from .scenarios import SCENARIO_NODES, SCENARIOS
 
-__all__ = ["MAX_VBUCKETS", "SCENARIOS", "Simulator", "SimulatorThread"]
+__all__ = ["MAX_VBUCKETS", "SCENARIOS", "SCENARIO_NODES", "Simulator", "SimulatorThread"]
 
 T = TypeVar("T")
 
@@ -36,8 +42,6 @@ T = TypeVar("T")
 MAX_VBUCKETS = 1 << 16
 #: default :attr:`Simulator.backlog_limit`
 BACKLOG_LIMIT = 1 << 20
-
-Scenario = Callable[["Simulator"], Awaitable[None]]
 
 
 class Simulator:
@@ -50,12 +54,16 @@ class Simulator:
         vbuckets: number of vbuckets.
         items: documents loaded into the default collection.
         users: user name -> password.
+        nodes: data nodes, one port each (``None``: what the scenario needs, else 1); with
+            two or more every vbucket has a replica and :meth:`failover` promotes it.
         scenario: name of a scripted scenario (:data:`SCENARIOS`) run after start.
         seed: seeds UUIDs and scenario choices (deterministic runs).
-        tick: seconds between liveness ticks (noops, idle and slow-consumer checks).
+        tick: seconds between liveness ticks (noops, idle and stalled-backfill checks).
         idle_timeout: kv_engine's dcp_idle_timeout (seconds without anything received, noops on).
-        slow_after: seconds a full flow-control window may last before streams end Slow (``None``: never).
-        checkpoint_items: seqnos per memory snapshot.
+        slow_after: removed (must be ``None``): a server never ends a stream Slow because the
+            consumer stopped acking; use :meth:`disk_pressure` (Slow after ``backfill_idle_limit``).
+        backfill_idle_limit: seconds a backfill stalled under disk pressure lasts before its stream ends Slow.
+        checkpoint_items: seqnos per checkpoint.
         backlog_limit: bytes of output per connection above which the simulator stops reading that
             client's requests until it has read its replies (backpressure); the same bound applies to
             output the connection produces but has not written yet, DCP streams included.  Queued
@@ -74,11 +82,13 @@ class Simulator:
         vbuckets: int = 4,
         items: int = 100,
         users: Mapping[str, str] | None = None,
+        nodes: int | None = None,
         scenario: str | None = None,
         seed: int = 0,
         tick: float = 0.05,
         idle_timeout: float = DCP_IDLE_TIMEOUT,
         slow_after: float | None = None,
+        backfill_idle_limit: float = BACKFILL_IDLE_LIMIT,
         checkpoint_items: int = 50,
         backlog_limit: int = BACKLOG_LIMIT,
         on_reading_paused: Callable[[ProducerConnection], None] | None = None,
@@ -89,14 +99,21 @@ class Simulator:
             raise ValueError(f"vbuckets must be 1..{MAX_VBUCKETS} (vbucket ids are 16 bits), not {vbuckets}")
         if backlog_limit < 1:
             raise ValueError("backlog_limit must be positive")
+        need = SCENARIO_NODES.get(scenario or "", 1)
+        if nodes is None:
+            nodes = need
+        if nodes < need:
+            raise ValueError(f"scenario {scenario!r} needs nodes >= {need}")
         self.host = host
         self.port = port
         self.scenario = scenario
         self.cluster = Cluster(
             users if users is not None else {"Administrator": "password"},
+            nodes=nodes,
             seed=seed,
             idle_timeout=idle_timeout,
             slow_after=slow_after,
+            backfill_idle_limit=backfill_idle_limit,
             checkpoint_items=checkpoint_items,
             output_limit=backlog_limit,
         )
@@ -107,6 +124,8 @@ class Simulator:
         self.on_reading_paused = on_reading_paused
         self.peak_backlog = 0
         self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.Server] = []
+        self._kick_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._conns: dict[ProducerConnection, tuple[asyncio.StreamWriter, asyncio.Event]] = {}
@@ -117,8 +136,18 @@ class Simulator:
     # --- lifecycle -----------------------------------------------------------------
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) once started."""
+        """(host, port) of node 0 once started."""
         return (self.host, self.port)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every node once started (node i at index i)."""
+        return [a for a in self.cluster.addresses if a is not None]
+
+    @property
+    def nodes(self) -> int:
+        """How many data nodes the simulator runs."""
+        return self.cluster.nodes
 
     @property
     def running(self) -> bool:
@@ -134,9 +163,21 @@ class Simulator:
         if self._server is not None:
             return self
         self._loop = asyncio.get_running_loop()
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        sock = self._server.sockets[0]
-        self.host, self.port = sock.getsockname()[:2]
+        try:
+            for node in range(self.cluster.nodes):
+                # node 0 on the port asked for, the others on free ports of the same host
+                server = await asyncio.start_server(functools.partial(self._serve, node=node), self.host, self.port if node == 0 else 0)
+                self._servers.append(server)
+                host, port = server.sockets[0].getsockname()[:2]
+                self.cluster.addresses[node] = (str(host), int(port))
+        except OSError:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+            raise
+        self._server = self._servers[0]
+        self.host, self.port = self.cluster.addresses[0] or (self.host, self.port)
+        self.cluster.on_change = self._changed
         self._spawn(self._ticker())
         if self.scenario is not None:
             self._spawn(SCENARIOS[self.scenario][1](self))
@@ -144,8 +185,10 @@ class Simulator:
 
     async def stop(self) -> None:
         """Stop listening, drop every connection, cancel the scenario."""
-        server, self._server = self._server, None
-        if server is not None:
+        self._server = None
+        servers, self._servers = self._servers, []
+        self.cluster.on_change = None
+        for server in servers:
             server.close()
         for t in list(self._tasks):
             t.cancel()
@@ -155,7 +198,7 @@ class Simulator:
             writer.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if server is not None:
+        for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
 
@@ -176,9 +219,9 @@ class Simulator:
         return task
 
     # --- connections -------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node: int = 0) -> None:
         peer = writer.get_extra_info("peername")
-        conn = ProducerConnection(self.cluster, peer=_host_port(str(peer[0]), int(peer[1])) if peer else "", now=self._now())
+        conn = ProducerConnection(self.cluster, node=node, peer=_host_port(str(peer[0]), int(peer[1])) if peer else "", now=self._now())
         # drain() waits while the transport holds more than this (and until it is down to a quarter)
         writer.transport.set_write_buffer_limits(high=self.backlog_limit)
         wake = asyncio.Event()
@@ -243,6 +286,18 @@ class Simulator:
             await asyncio.sleep(self.tick_interval)
             self.kick()
 
+    def _changed(self) -> None:
+        """The cluster's data changed: kick every connection soon (never re-entrantly; thread-safe)."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or self._kick_scheduled:
+            return
+        self._kick_scheduled = True
+        loop.call_soon_threadsafe(self._scheduled_kick)
+
+    def _scheduled_kick(self) -> None:
+        self._kick_scheduled = False
+        self.kick()
+
     def kick(self) -> None:
         """Tick every connection now (after a workload change, data flows at once)."""
         now = self._now() if self._loop is not None else 0.0
@@ -268,15 +323,47 @@ class Simulator:
         self.kick()
         return seqno
 
-    def failover(self, vbucket: int, *, lose: int = 0) -> int:
-        """Fail a vbucket over (optionally losing the last ``lose`` items); returns the new UUID."""
-        uuid = self.bucket.failover(vbucket, lose=lose)
+    def failover(self, vbucket: int, *, lose: int = 0, partial: int = 0) -> int:
+        """Fail a vbucket's active node over to its replica (needs ``nodes >= 2``); returns the new UUID.
+
+        See :meth:`~dcpinspect.live.cluster.Bucket.failover` (``lose``: items the replica
+        never got; ``partial``: items of a snapshot it had not completed).
+        """
+        uuid = self.bucket.failover(vbucket, lose=lose, partial=partial)
         self.kick()
         return uuid
 
+    def disk_pressure(self, on: bool = True) -> None:
+        """Disk use above the backfill threshold, backfills stalled; a stalled backfill ends Slow after ``backfill_idle_limit``."""
+        self.bucket.disk_pressure(on)
+        self.kick()
+
+    def fail_backfills(self, vbucket: int | None = None, *, times: int = 1) -> None:
+        """The next ``times`` backfills of ``vbucket`` (None: any) fail: their streams end BackfillFail."""
+        self.bucket.fail_backfills(vbucket, times=times)
+        self.kick()
+
+    def drop_cursors(self, vbucket: int | None = None) -> int:
+        """Drop the checkpoint cursors of in-memory streams: they switch to a disk backfill without ending."""
+        n = self.bucket.drop_cursors(vbucket)
+        self.kick()
+        return n
+
+    def lose_privileges(self, user: str | None = None) -> None:
+        """Revoke a user's (None: everyone's) privileges on the bucket: their streams end LostPrivileges."""
+        self.bucket.lose_privileges(user)
+        self.kick()
+
+    def restore_privileges(self, user: str | None = None) -> None:
+        """Undo :meth:`lose_privileges`."""
+        self.bucket.restore_privileges(user)
+        self.kick()
+
     def purge(self, vbucket: int, upto: int | None = None) -> int:
-        """Purge tombstones up to ``upto``; returns the purge seqno."""
-        return self.bucket.purge(vbucket, upto)
+        """Purge tombstones up to ``upto``; returns the purge seqno (the newest purged tombstone's seqno)."""
+        seqno = self.bucket.purge(vbucket, upto)
+        self.kick()
+        return seqno
 
     def create_collection(self, name: str, *, scope: str = "_default") -> int:
         """Create a collection; returns its id."""
@@ -301,9 +388,9 @@ class Simulator:
         for conn in self._conns:
             conn.pause(now + seconds)
 
-    def drop_connections(self) -> None:
-        """Close every client connection."""
-        self.cluster.drop_connections()
+    def drop_connections(self, node: int | None = None) -> None:
+        """Close every client connection (of one node, or all): the streams end Disconnected, nothing is sent."""
+        self.cluster.drop_connections(node=node)
         self.kick()
         for _writer, wake in self._conns.values():
             wake.set()
@@ -386,87 +473,21 @@ class SimulatorThread:
 
 
 _FORWARDED = frozenset(
-    {"mutate", "delete", "failover", "purge", "create_collection", "drop_collection", "set_state", "stall", "drop_connections", "kick"}
+    {
+        "mutate",
+        "delete",
+        "failover",
+        "purge",
+        "create_collection",
+        "drop_collection",
+        "set_state",
+        "stall",
+        "drop_connections",
+        "kick",
+        "disk_pressure",
+        "fail_backfills",
+        "drop_cursors",
+        "lose_privileges",
+        "restore_privileges",
+    }
 )
-
-
-# ---------------------------------------------------------------------------
-# named scenarios
-
-
-async def _steady(sim: Simulator) -> None:
-    """A mutation every 100 ms on a random existing document."""
-    i = 0
-    while True:
-        await asyncio.sleep(0.1)
-        i += 1
-        n = sim.rng.randrange(max(1, 100))
-        sim.mutate(f"doc-{n:04d}", {"id": n, "rev": i})
-
-
-async def _failover(sim: Simulator) -> None:
-    """Writes for 1 s, then vbucket 0 fails over losing its last 3 items (consumers must roll back); writes go on."""
-    steady = asyncio.ensure_future(_steady(sim))
-    try:
-        await asyncio.sleep(1.0)
-        sim.failover(0, lose=min(3, sim.bucket.vbuckets[0].high_seqno))
-        await asyncio.Event().wait()
-    finally:
-        steady.cancel()
-
-
-async def _purge(sim: Simulator) -> None:
-    """Deletes a few documents then purges the tombstones of every vbucket (resuming below the purge seqno rolls back to 0)."""
-    for n in range(0, 20, 2):
-        with contextlib.suppress(KeyError, ValueError):
-            sim.delete(f"doc-{n:04d}")
-    for vb in range(len(sim.bucket.vbuckets)):
-        sim.purge(vb)
-    await asyncio.Event().wait()
-
-
-async def _collections(sim: Simulator) -> None:
-    """Creates scope ``inventory`` with collection ``airlines``, writes to it, drops it after 2 s."""
-    sim.bucket.create_scope("inventory")
-    sim.create_collection("airlines", scope="inventory")
-    for i in range(20):
-        sim.mutate(f"airline-{i:03d}", {"id": i}, collection="inventory.airlines")
-    await asyncio.sleep(2.0)
-    sim.drop_collection("inventory.airlines")
-    await asyncio.Event().wait()
-
-
-async def _sync_writes(sim: Simulator) -> None:
-    """A prepare every 200 ms, committed (or every third one aborted) 100 ms later."""
-    i = 0
-    while True:
-        key = f"sync-{i % 10:02d}"
-        sim.bucket.prepare(key, {"id": i})
-        sim.kick()
-        await asyncio.sleep(0.1)
-        (sim.bucket.abort if i % 3 == 2 else sim.bucket.commit)(key)
-        sim.kick()
-        await asyncio.sleep(0.1)
-        i += 1
-
-
-async def _flaky(sim: Simulator) -> None:
-    """Writes continuously; every 3 s all connections are dropped."""
-    steady = asyncio.ensure_future(_steady(sim))
-    try:
-        while True:
-            await asyncio.sleep(3.0)
-            sim.drop_connections()
-    finally:
-        steady.cancel()
-
-
-#: name -> (description, coroutine taking the simulator)
-SCENARIOS: dict[str, tuple[str, Scenario]] = {
-    "steady": ("a mutation every 100 ms", _steady),
-    "failover": ("vbucket 0 fails over after 1 s losing 3 items (rollback)", _failover),
-    "purge": ("tombstones purged at start (rollback to 0 below the purge seqno)", _purge),
-    "collections": ("scope/collection created, written, dropped after 2 s", _collections),
-    "sync-writes": ("prepare/commit/abort every 200 ms", _sync_writes),
-    "flaky": ("connections dropped every 3 s", _flaky),
-}

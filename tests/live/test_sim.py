@@ -16,6 +16,7 @@ from paths import ROOT
 from dcpinspect import encode
 from dcpinspect.cli.main import build_parser
 from dcpinspect.cli.main import main as cli_main
+from dcpinspect.live.clustermap import parse_config
 from dcpinspect.live.sasl import ScramClient
 from dcpinspect.live.sim import SCENARIOS, Simulator
 from dcpinspect.wire.decoder import FrameDecoder
@@ -36,8 +37,9 @@ class Client:
         self.opaque = 0
 
     @classmethod
-    async def connect(cls, sim: Simulator) -> Client:
-        return cls(*await asyncio.open_connection(sim.host, sim.port))
+    async def connect(cls, sim: Simulator, address: tuple[str, int] | None = None) -> Client:
+        host, port = address if address is not None else (sim.host, sim.port)
+        return cls(*await asyncio.open_connection(host, port))
 
     def send(self, raw: bytes) -> None:
         self.writer.write(raw)
@@ -124,8 +126,11 @@ def test_bootstrap_and_stream_to_end() -> None:
 
 
 def test_failover_and_rollback_on_the_wire() -> None:
+    """Two data nodes: the failover ends the old node's stream, the new map names the promoted node, the client rolls back there."""
+
     async def main() -> None:
-        async with Simulator(items=40, vbuckets=1) as sim:
+        async with Simulator(items=40, vbuckets=1, nodes=2) as sim:
+            assert len(sim.addresses) == 2 and sim.addresses[0] == (sim.host, sim.port)
             c = await Client.connect(sim)
             await c.bootstrap()
             ok = await c.stream_req(0)
@@ -139,6 +144,14 @@ def test_failover_and_rollback_on_the_wire() -> None:
             sim.failover(0, lose=5)
             end = (await c.until("DCP_STREAM_END"))[-1]
             assert end.extras["status"] == 2  # StateChanged
+            assert (await c.stream_req(0, start=40, ss=0, se=40, uuid=old_uuid)).frame.status == 0x07  # not here any more
+            config = await c.request("GET_CLUSTER_CONFIG")
+            cmap = parse_config(config.frame.value, connected=(sim.host, sim.port))
+            node = cmap.active_node(0)
+            assert node == 1 and cmap.nodes[node] == sim.addresses[1]
+            c.close()
+            c = await Client.connect(sim, cmap.nodes[node])  # the client reconnects to the node the new map names
+            await c.bootstrap()
             rb = await c.stream_req(0, start=40, ss=0, se=40, uuid=old_uuid)
             assert rb.frame.status == 0x23 and rb.body["rollback_seqno"] == 35  # step 7: snap complete, min(35, 40)
             again = await c.stream_req(0, start=35, uuid=old_uuid)
@@ -167,7 +180,7 @@ def test_noop_and_drop_connections() -> None:
 
 
 def test_thread_runner_from_sync_code() -> None:
-    with Simulator(items=4, vbuckets=1).run_in_thread() as sim:
+    with Simulator(items=4, vbuckets=1, nodes=2).run_in_thread() as sim:
         with socket.create_connection((sim.host, sim.port), timeout=60) as s:
             s.sendall(encode("SASL_LIST_MECHS", opaque=9))
             data = b""
@@ -309,3 +322,35 @@ def test_users_from_a_file_and_the_environment(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(help_out):
         cli_main(["sim", "--help"], out=io.StringIO())
     assert "--users-file" in help_out.getvalue() and USERS_ENV in help_out.getvalue()
+
+
+# --- nodes, scenarios for the stream ends ----------------------------------------------------------
+
+
+def test_nodes_and_scenarios_that_need_them() -> None:
+    assert Simulator(scenario="failover").nodes == 2 and Simulator().nodes == 1
+    for bad in ({"scenario": "failover", "nodes": 1}, {"slow_after": 1.0}):
+        try:
+            Simulator(**bad)
+        except ValueError as exc:
+            assert "nodes >= 2" in str(exc) or "disk_pressure" in str(exc)
+        else:
+            raise AssertionError(f"{bad} accepted")
+    assert set(SCENARIOS) >= {"slow", "backfill-fail", "backfill-rollback", "lost-privileges", "cursor-drop", "flaky"}
+
+
+def test_scenarios_end_streams_backfill_fail_and_slow_on_the_wire() -> None:
+    async def main() -> None:
+        async with Simulator(items=20, vbuckets=1, scenario="backfill-fail") as sim:
+            c = await Client.connect(sim)
+            await c.bootstrap()
+            assert (await c.stream_req(0)).frame.status == 0
+            assert (await c.until("DCP_STREAM_END"))[-1].extras["status"] == 5
+        async with Simulator(items=20, vbuckets=1, scenario="slow", tick=0.02) as sim:
+            c = await Client.connect(sim)
+            await c.bootstrap()
+            assert (await c.stream_req(0)).frame.status == 0  # its backfill stalls under disk pressure
+            assert (await c.until("DCP_STREAM_END"))[-1].extras["status"] == 4
+            assert any(e["event"] == "stream_end" and e["reason"] == 4 for e in sim.cluster.journal)
+
+    run(main())
