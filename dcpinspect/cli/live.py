@@ -41,6 +41,8 @@ __all__ = [
 USERS_ENV = "DCPINSPECT_SIM_USERS"
 #: environment variable holding the password of ``dcpinspect client`` (unless --password-env names another)
 DEFAULT_PASSWORD_ENV = "DCPINSPECT_PASSWORD"
+#: the most data nodes `dcpinspect sim` runs (one listening port each)
+MAX_NODES = 64
 
 
 async def _until_signalled() -> None:
@@ -75,6 +77,7 @@ def _vbucket_count(text: str) -> int:
 
 
 def _sim_arguments(p: argparse.ArgumentParser) -> None:
+    from ..live.cluster import BACKFILL_IDLE_LIMIT, DCP_IDLE_TIMEOUT
     from ..live.sim import MAX_VBUCKETS, SCENARIOS
 
     p.description = "Run a simulated Couchbase data node (DCP producer)."
@@ -98,6 +101,26 @@ def _sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users-file", metavar="PATH", help="read credentials from this file, one USER:PASS per line ('#' comments)")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), help="scripted scenario")
     p.add_argument("--seed", type=int, default=0, help="seed for UUIDs and scenario choices")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        help="data nodes behind one cluster map, one port each (node 0 on --port, the others on free ports; "
+        "default: what the scenario needs, else 1)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DCP_IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"disconnect a DCP consumer not heard from for this long, noops on (kv_engine's dcp_idle_timeout, default {DCP_IDLE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--backfill-idle-limit",
+        type=float,
+        default=BACKFILL_IDLE_LIMIT,
+        metavar="SECONDS",
+        help=f"a backfill stalled under disk pressure this long ends its stream Slow (default {BACKFILL_IDLE_LIMIT:g})",
+    )
     p.set_defaults(func=_sim)
 
 
@@ -138,19 +161,29 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         out.write(f"dcpinspect sim: error: {exc}\n")
         return 2
-    if args.items < 0 or not 0 <= args.port <= 65535:
-        out.write("dcpinspect sim: error: --items >= 0, 0 <= --port <= 65535\n")
+    if args.items < 0 or not 0 <= args.port <= 65535 or (args.nodes is not None and not 1 <= args.nodes <= MAX_NODES):
+        out.write(f"dcpinspect sim: error: --items >= 0, 0 <= --port <= 65535, 1 <= --nodes <= {MAX_NODES}\n")
         return 2
-    sim = Simulator(
-        host=args.host,
-        port=args.port,
-        bucket=args.bucket,
-        vbuckets=args.vbuckets,
-        items=args.items,
-        users=users,
-        scenario=args.scenario,
-        seed=args.seed,
-    )
+    if not args.idle_timeout > 0 or not args.backfill_idle_limit > 0:
+        out.write("dcpinspect sim: error: --idle-timeout and --backfill-idle-limit must be positive\n")
+        return 2
+    try:
+        sim = Simulator(
+            host=args.host,
+            port=args.port,
+            bucket=args.bucket,
+            vbuckets=args.vbuckets,
+            items=args.items,
+            users=users,
+            nodes=args.nodes,
+            scenario=args.scenario,
+            seed=args.seed,
+            idle_timeout=args.idle_timeout,
+            backfill_idle_limit=args.backfill_idle_limit,
+        )
+    except ValueError as exc:  # e.g. a scenario that needs more nodes
+        out.write(f"dcpinspect sim: error: {exc}\n")
+        return 2
 
     async def serve() -> int:
         try:
@@ -159,7 +192,9 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
             out.write(f"dcpinspect sim: error: cannot listen on {format_endpoint((args.host, args.port))}: {exc.strerror or exc}\n")
             out.flush()
             return 1
-        out.write(f"listening on {format_endpoint(sim.address)}\n")
+        out.write(f"listening on {format_endpoint(sim.address)}\n")  # node 0: the first line, whatever the node count
+        for node, address in enumerate(sim.addresses[1:], start=1):
+            out.write(f"node {node} listening on {format_endpoint(address)}\n")
         out.flush()
         try:
             await _until_signalled()

@@ -203,7 +203,7 @@ class ProducerConnection(DataNodeMixin, StreamingMixin):
         if not self.closed:
             self.closed = True
             self.close_reason = reason
-            self.streams.clear()
+            self.disconnect_streams(reason)  # each stream ends Disconnected: journaled, never on the wire
             self._inbox.clear()
         self.cluster.unregister(self)
 

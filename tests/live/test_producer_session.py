@@ -494,3 +494,21 @@ def test_connections_register_with_serials_and_leave_when_closed() -> None:
     assert cluster.connections == [q.conn]
     cluster.drop_connections()
     assert q.conn.closed and q.conn.close_reason == "dropped by scenario" and not cluster.connections
+
+
+@pytest.mark.parametrize("how", ["client closed the connection", "QUIT", "idle"])
+def test_every_way_a_connection_closes_ends_its_streams_disconnected_off_the_wire(how: str) -> None:
+    """kv_engine ends a closing connection's streams Disconnected (3) and never sends that status: it is journaled only."""
+    cluster, p = make(items=4)
+    p.bootstrap()
+    p.stream_req(0)
+    if how == "QUIT":
+        p.send(encode("QUIT", opaque=99))
+    elif how == "idle":
+        p.tick(cluster.idle_timeout + 1)
+    else:
+        p.conn.close(how)
+    assert p.conn.closed
+    ends = [e for e in cluster.journal if e["event"] == "stream_end"]
+    assert [(e["vb"], e["status"], e["reason"]) for e in ends] == [(0, None, 3)]
+    assert "DCP_STREAM_END" not in names(p.drain())

@@ -195,6 +195,11 @@ def test_command_bad_arguments() -> None:
     out = io.StringIO()
     assert cli_main(["sim", "--port", "0", "--users", "nopass"], out=out) == 2
     assert "nopass" in out.getvalue() and "error" in out.getvalue()
+    for bad in (["--nodes", "0"], ["--idle-timeout", "0"], ["--scenario", "failover", "--nodes", "1"]):
+        out = io.StringIO()
+        assert cli_main(["sim", "--port", "0", *bad], out=out) == 2, bad
+        line = out.getvalue()
+        assert line.startswith("dcpinspect sim: error:") and line.count("\n") == 1, line
     assert set(SCENARIOS) >= {"failover", "purge", "collections", "sync-writes"}
 
 
@@ -202,7 +207,7 @@ def test_cli_prints_listening_and_stops_on_sigterm() -> None:
     root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dcpinspect", "sim", "--port", "0", "--items", "5", "--scenario", "steady"],
+        [sys.executable, "-m", "dcpinspect", "sim", "--port", "0", "--items", "5", "--scenario", "steady", "--nodes", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -214,9 +219,12 @@ def test_cli_prints_listening_and_stops_on_sigterm() -> None:
         line = proc.stdout.readline()
         assert line.startswith("listening on 127.0.0.1:"), line + (proc.stderr.read() if proc.poll() is not None else "")
         port = int(line.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-            s.sendall(encode("NOOP", opaque=1))
-            assert s.recv(24)[:2] == b"\x81\x0a"
+        second = proc.stdout.readline()  # the other nodes after node 0's line
+        assert second.startswith("node 1 listening on 127.0.0.1:"), second
+        for p in (port, int(second.rsplit(":", 1)[1])):
+            with socket.create_connection(("127.0.0.1", p), timeout=60) as s:
+                s.sendall(encode("NOOP", opaque=1))
+                assert s.recv(24)[:2] == b"\x81\x0a"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

@@ -374,7 +374,7 @@ CASES = [
         "control-known",
         encode("DCP_CONTROL", key="enable_noop", value="true"),
         fields={"key": "enable_noop", "value": "true"},
-        meanings={"key": "true/false: noop liveness"},
+        meanings={"key": 'any value; only "true" turns noops on (anything else turns them off)'},
     ),
     Case("control-unknown", encode("DCP_CONTROL", key="make_it_fast", value="true"), problems=("unknown control key 'make_it_fast'",)),
     Case(
