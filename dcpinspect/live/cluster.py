@@ -148,11 +148,11 @@ class Bucket:
             raise KeyError(f"unknown collection {collection!r}")
         return cid
 
-    def _append(self, vb: VBucket, rec: HistoryItem) -> HistoryItem:
+    def _append(self, vb: VBucket, rec: HistoryItem, *, cas: int | None = None) -> HistoryItem:
         if vb.state != _ACTIVE:
             raise ValueError(f"vbucket {vb.id} is not active")
         rec.seqno = vb.high_seqno = vb.high_seqno + 1
-        rec.cas = self.cluster.next_cas()
+        rec.cas = self.cluster.next_cas() if cas is None else cas
         if rec.kind != "system":
             dk = (rec.cid, rec.key)
             rev = self._values.get(dk, 0) + (0 if rec.kind in ("prepare", "abort") else 1)
@@ -164,10 +164,20 @@ class Bucket:
         self.cluster.changed()
         return rec
 
-    def mutate(self, key: bytes | str, value: Any = None, *, collection: str | int = 0, flags: int = 0, expiration: int = 0) -> HistoryItem:
-        """Store a document (a dict/list/number is JSON-encoded with the JSON datatype)."""
+    def mutate(
+        self,
+        key: bytes | str,
+        value: Any = None,
+        *,
+        collection: str | int = 0,
+        flags: int = 0,
+        expiration: int = 0,
+        datatype: int | None = None,
+    ) -> HistoryItem:
+        """Store a document (a dict/list/number is JSON-encoded with the JSON datatype; ``datatype`` overrides it)."""
         k = key.encode() if isinstance(key, str) else key
         raw, dt = _value(value if value is not None else {"key": k.decode("utf-8", "replace")})
+        dt = dt if datatype is None else datatype
         return self._append(
             self.vbucket_of(k), HistoryItem(0, "mutation", k, self._cid(collection), raw, dt, flags=flags, expiration=expiration)
         )
@@ -183,14 +193,25 @@ class Bucket:
         return self._append(self.vbucket_of(k), HistoryItem(0, "expiration", k, self._cid(collection), delete_time=delete_time))
 
     def prepare(
-        self, key: bytes | str, value: Any = None, *, collection: str | int = 0, level: int = 1, delete: bool = False
+        self,
+        key: bytes | str,
+        value: Any = None,
+        *,
+        collection: str | int = 0,
+        level: int = 1,
+        delete: bool = False,
+        flags: int = 0,
+        expiration: int = 0,
+        datatype: int | None = None,
     ) -> HistoryItem:
-        """A sync-write prepare (durability level 1..3)."""
+        """A sync-write prepare (durability level 1..3); its commit carries its value, flags, expiry and CAS."""
         k = key.encode() if isinstance(key, str) else key
         raw, dt = (b"", 0) if delete else _value(value if value is not None else {"key": k.decode("utf-8", "replace")})
-        return self._append(
-            self.vbucket_of(k), HistoryItem(0, "prepare", k, self._cid(collection), raw, dt, durability=level, deleted=delete)
+        dt = dt if datatype is None or delete else datatype
+        rec = HistoryItem(
+            0, "prepare", k, self._cid(collection), raw, dt, durability=level, deleted=delete, flags=flags, expiration=expiration
         )
+        return self._append(self.vbucket_of(k), rec)
 
     def _pending_prepare(self, vb: VBucket, cid: int, key: bytes) -> HistoryItem:
         for rec in reversed(vb.log):
@@ -205,7 +226,10 @@ class Bucket:
         k = key.encode() if isinstance(key, str) else key
         vb, cid = self.vbucket_of(k), self._cid(collection)
         p = self._pending_prepare(vb, cid, k)
-        return self._append(vb, HistoryItem(0, "commit", k, cid, p.value, p.datatype, prepared_seqno=p.seqno, deleted=p.deleted))
+        rec = HistoryItem(
+            0, "commit", k, cid, p.value, p.datatype, flags=p.flags, expiration=p.expiration, prepared_seqno=p.seqno, deleted=p.deleted
+        )
+        return self._append(vb, rec, cas=p.cas)  # kv_engine: a commit keeps its prepare's CAS
 
     def abort(self, key: bytes | str, *, collection: str | int = 0) -> HistoryItem:
         """Abort the pending prepare of a key."""

@@ -460,12 +460,10 @@ class DataNodeMixin:
             return
         flags, expiration = int(d.extras.get("flags", 0)), int(d.extras.get("expiration", 0))
         if level:
-            prep = b.prepare(key, value, collection=cid, level=level)
-            _stamp(prep, datatype, flags, expiration)
+            b.prepare(key, value, collection=cid, level=level, flags=flags, expiration=expiration, datatype=datatype)
             rec = b.commit(key, collection=cid)
         else:
-            rec = b.mutate(key, value, collection=cid, flags=flags, expiration=expiration)
-        _stamp(rec, datatype, flags, expiration)
+            rec = b.mutate(key, value, collection=cid, flags=flags, expiration=expiration, datatype=datatype)
         self.cluster.changed()
         self._reply(d, now=now, **self._token(b, vbid, rec))
 
@@ -519,11 +517,6 @@ def _store_status(op: int, cas: int, doc: HistoryItem | None) -> int:
     if doc is None:
         return Status.KEY_ENOENT if op == Opcode.REPLACE or cas else Status.SUCCESS
     return Status.KEY_EEXISTS if cas and cas != doc.cas else Status.SUCCESS
-
-
-def _stamp(rec: HistoryItem, datatype: int, flags: int, expiration: int) -> None:
-    """Give a just-written history item the request's datatype, flags and expiry (before anything streams it)."""
-    rec.datatype, rec.flags, rec.expiration = datatype, flags, expiration
 
 
 def _pending_sync_write(b: Bucket, vbid: int, cid: int, key: bytes) -> bool:

@@ -311,6 +311,9 @@ def test_durable_writes_are_prepare_then_commit() -> None:
     assert durable.frame.status == 0
     b = cluster.buckets["default"]
     assert [r.kind for r in b.vbuckets[0].log[-2:]] == ["prepare", "commit"]
+    prepare, commit = b.vbuckets[0].log[-2:]
+    assert commit.cas == prepare.cas == durable.frame.cas  # a commit keeps its prepare's CAS
+    assert (commit.datatype, commit.value) == (prepare.datatype, prepare.value) == (1, b'{"d": 1}')
     assert durable.extras["seqno"] == b.vbuckets[0].high_seqno  # kv_engine returns the commit seqno by default
     assert names([x for x in sync.tick(0.0) if x.role == "request" and x.name != "DCP_NOOP"])[-2:] == ["DCP_PREPARE", "DCP_COMMIT"]
     mutation = [x for x in plain.tick(0.0) if x.name == "DCP_MUTATION"][-1]
