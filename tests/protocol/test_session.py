@@ -13,6 +13,7 @@ from dcpinspect.live.producer import HANDLED_OPCODES, ProducerConnection
 from dcpinspect.live.sasl import plain_payload
 from dcpinspect.protocol import spec
 from dcpinspect.protocol.enums import Feature, Opcode, OpenFlag, Status
+from dcpinspect.protocol.exchanges import Exchange, answered_once, exchange
 from dcpinspect.protocol.session import (
     CONTEXT_EFFECTS,
     CONTROL_KEYS,
@@ -260,3 +261,10 @@ def test_opcode_sets_are_consistent() -> None:
 def test_the_producer_handles_every_command_that_expects_a_response() -> None:
     assert EXPECTS_RESPONSE <= HANDLED_OPCODES
     assert set(spec.COMMANDS) >= HANDLED_OPCODES
+
+
+def test_the_session_requests_that_expect_a_response_agree_with_the_exchanges() -> None:
+    """EXPECTS_RESPONSE (the session requests a replay follows) is a subset of what protocol/exchanges.py says is answered."""
+    assert all(answered_once(op) or exchange(op) is Exchange.CLOSE for op in EXPECTS_RESPONSE)
+    assert all(exchange(op) in (Exchange.NONE, Exchange.ON_ACK_FLAG, Exchange.ONE) for op in STREAM_MESSAGES)
+    assert not any(answered_once(op) for op in STREAM_MESSAGES - {Opcode.DCP_SET_VBUCKET_STATE})
