@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from simnode import stop_server
 from tshark import opaque_value, tshark_frames
 
 from dcpinspect import dissect, encode
@@ -112,11 +113,7 @@ class Upstream:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
-        self.server.close()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.wait_closed()
+        await stop_server(self.server, self.tasks)
 
 
 def run(coro: Awaitable[Any], timeout: float = 120) -> Any:

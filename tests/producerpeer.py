@@ -12,7 +12,22 @@ from dcpinspect.wire.decoder import FrameDecoder
 from dcpinspect.wire.dissect import dissect
 from dcpinspect.wire.dissection import Dissection
 
-__all__ = ["ALT", "COLLECTIONS", "FOREVER", "JSON", "SNAPPY", "XATTR", "Peer", "make", "names", "stream_messages"]
+__all__ = ["ALT", "COLLECTIONS", "FOREVER", "JSON", "SNAPPY", "XATTR", "Peer", "make", "names", "stream_extras", "stream_messages"]
+
+
+def stream_extras(
+    *, start: int = 0, end: int = FOREVER, uuid: int = 0, ss: int | None = None, se: int | None = None, flags: int = 0
+) -> dict[str, int]:
+    """A DCP_STREAM_REQ's extras; the snapshot bounds default to the start (a complete snapshot)."""
+    return {
+        "flags": flags,
+        "start_seqno": start,
+        "end_seqno": end,
+        "vb_uuid": uuid,
+        "snap_start_seqno": start if ss is None else ss,
+        "snap_end_seqno": start if se is None else se,
+    }
+
 
 COLLECTIONS, JSON, ALT, XATTR, SNAPPY = Feature.COLLECTIONS, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.XATTR, Feature.SNAPPY
 
@@ -66,14 +81,7 @@ class Peer:
 
     def stream_req(self, vb: int = 0, *, start=0, end=FOREVER, uuid=0, ss=None, se=None, flags=0, value=None) -> list[Dissection]:
         self.opaque += 1
-        extras = {
-            "flags": flags,
-            "start_seqno": start,
-            "end_seqno": end,
-            "vb_uuid": uuid,
-            "snap_start_seqno": start if ss is None else ss,
-            "snap_end_seqno": start if se is None else se,
-        }
+        extras = stream_extras(start=start, end=end, uuid=uuid, ss=ss, se=se, flags=flags)
         return self.send(
             encode("DCP_STREAM_REQ", extras=extras, vbucket=vb, opaque=self.opaque, value=value, datatype=0x01 if value else 0)
         )

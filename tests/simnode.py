@@ -25,6 +25,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from producerpeer import stream_extras
+
 from dcpinspect import encode
 from dcpinspect.flows.session import ConnState
 from dcpinspect.live.cluster import Cluster
@@ -42,6 +44,15 @@ LOOP = "127.0.0.1"
 WIRE_FEATURES = (Feature.COLLECTIONS, Feature.JSON, Feature.ALT_REQUEST_SUPPORT)
 #: a safety net only: an awaited event that never comes fails the test instead of hanging it
 WIRE_TIMEOUT = 30.0
+
+
+async def stop_server(server: asyncio.Server, tasks: set[asyncio.Task[Any]]) -> None:
+    """Stop listening, cancel the connection handlers and wait until they and the server are gone."""
+    server.close()
+    for t in list(tasks):
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await server.wait_closed()
 
 
 class OutputFilter(Protocol):
@@ -114,11 +125,7 @@ class SimNode:
         assert self.server is not None
         self.cluster.on_change = self._previous_on_change
         self._loop = None
-        self.server.close()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.wait_closed()
+        await stop_server(self.server, self.tasks)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -295,14 +302,7 @@ class WireClient:
         value: Any = None,
     ) -> Dissection:
         """A DCP_STREAM_REQ and its response."""
-        extras = {
-            "flags": flags,
-            "start_seqno": start,
-            "end_seqno": end,
-            "vb_uuid": uuid,
-            "snap_start_seqno": start if ss is None else ss,
-            "snap_end_seqno": start if se is None else se,
-        }
+        extras = stream_extras(start=start, end=end, uuid=uuid, ss=ss, se=se, flags=flags)
         return await self.request("DCP_STREAM_REQ", extras=extras, vbucket=vb, value=value, datatype=0x01 if value else 0)
 
     def close(self) -> None:

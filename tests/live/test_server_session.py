@@ -14,6 +14,7 @@ import contextlib
 from typing import Any
 
 import pytest
+from simnode import stop_server
 
 from dcpinspect import encode
 from dcpinspect.live.cluster import Cluster
@@ -46,11 +47,7 @@ class ClockNode:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
-        self.server.close()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.wait_closed()
+        await stop_server(self.server, self.tasks)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from paths import ROOT
+from producerpeer import stream_extras
 
 from dcpinspect import encode
 from dcpinspect.cli.main import build_parser
@@ -78,13 +79,7 @@ class Client:
         assert (await self.request("DCP_CONTROL", key="enable_noop", value="true")).frame.status == 0
 
     async def stream_req(self, vb: int, *, start=0, end=FOREVER, uuid=0, ss=None, se=None) -> Dissection:
-        extras = {
-            "start_seqno": start,
-            "end_seqno": end,
-            "vb_uuid": uuid,
-            "snap_start_seqno": start if ss is None else ss,
-            "snap_end_seqno": start if se is None else se,
-        }
+        extras = stream_extras(start=start, end=end, uuid=uuid, ss=ss, se=se)
         return await self.request("DCP_STREAM_REQ", extras=extras, vbucket=vb)
 
     async def until(self, name: str) -> list[Dissection]:
