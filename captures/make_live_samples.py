@@ -1,21 +1,36 @@
 """Record the live sample captures in this folder: ``python captures/make_live_samples.py [NAME ...]``.
 
-Each scenario starts the DCP producer simulator (:class:`dcpinspect.live.sim.Simulator`,
-fixed seed) and the tap proxy (:class:`dcpinspect.live.proxy.TapProxy`) on 127.0.0.1,
-runs DCP clients against the proxy (client -> proxy -> simulator) and keeps what
-the proxy wrote as ``captures/live-<name>.pcap``, with the simulator's own record
-of what it did (``Cluster.journal``) as ``captures/live-<name>.journal.json`` - the
-ground truth ``tests/live/test_live_samples.py`` checks the timelines against.
+Each scenario starts the simulated data node(s) (:class:`dcpinspect.live.sim.Simulator`,
+fixed seed) on 127.0.0.1, runs DCP clients against them and keeps the capture as
+``captures/live-<name>.pcap``, with the simulator's own record of what it did
+(``Cluster.journal``) as ``captures/live-<name>.journal.json`` - the ground truth
+``tests/live/test_live_samples.py`` checks the timelines against.
+
+How the bytes are captured:
+
+* one data node: through the tap proxy (:class:`dcpinspect.live.proxy.TapProxy`,
+  client -> proxy -> simulator), and the simulator advertises the proxy's address
+  as its node in the cluster map (``cluster.addresses``), so a client that follows
+  the map (the stock client, the official SDK's bucket connection) stays behind the
+  proxy: the map in the capture names the port the capture shows;
+* several data nodes (a failover promotes a replica on another node): the clients'
+  own capture (:class:`dcpinspect.live.tap.LiveCapture`, one for the scenario, fed
+  by every connection of every client), because a client following the map
+  connects to each node's own port.  The bytes are those the client's sockets
+  carried, in the order the client saw them.
 
 Where the stock client (:mod:`dcpinspect.live.consumer`) cannot do what a scenario
 needs (two streams on one vbucket, withholding buffer acks, seqno acks,
-closing a stream and waiting for its STREAM_END) a small scripted client does
-it, built from :func:`dcpinspect.wire.encode`, :class:`~dcpinspect.wire.decoder.FrameDecoder`
-and :func:`dcpinspect.wire.dissect` (never hand-packed frames).
+closing a stream and waiting for its STREAM_END, a stream per stream-end reason)
+a small scripted client does it, built from :func:`dcpinspect.wire.encode`,
+:class:`~dcpinspect.wire.decoder.FrameDecoder` and :func:`dcpinspect.wire.dissect`
+(never hand-packed frames).  The ``sdk`` sample runs the official Couchbase Python
+SDK (PyPI ``couchbase``) in a subprocess.
 
 The content is deterministic (seeds, keys, values, the order of the steps);
-timestamps, the ephemeral ports and where TCP happened to split the byte
-streams vary between runs, so the files are not byte-for-byte reproducible.
+timestamps, the ephemeral ports, where TCP happened to split the byte streams and
+(where writes race a live stream) how memory snapshots were cut vary between runs,
+so the files are not byte-for-byte reproducible.
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import struct
 import sys
@@ -35,11 +51,12 @@ from typing import Any
 from dcpinspect import encode
 from dcpinspect.capture.read import read_records
 from dcpinspect.live.client import DcpClient, run_client
-from dcpinspect.live.consumer import ConsumerConfig, DcpConsumer
+from dcpinspect.live.consumer import ConsumerConfig
 from dcpinspect.live.proxy import TapProxy
 from dcpinspect.live.resume import ResumeState
 from dcpinspect.live.sasl import plain_payload
 from dcpinspect.live.sim import Simulator, SimulatorThread
+from dcpinspect.live.tap import LiveCapture, LiveConnection
 from dcpinspect.protocol.enums import Feature, OpenFlag, Status
 from dcpinspect.protocol.rules import flow_control_size
 from dcpinspect.wire.decoder import FrameDecoder
@@ -56,7 +73,7 @@ DEADLINE = 60.0
 
 
 # ---------------------------------------------------------------------------
-# plumbing: a simulator and a proxy per scenario
+# plumbing: a simulator and a proxy (or the clients' own capture) per scenario
 
 
 Watcher = Callable[[dict[str, Any]], None]
@@ -64,10 +81,11 @@ Watcher = Callable[[dict[str, Any]], None]
 
 @dataclass
 class Live:
-    """A running scenario: the simulator (in its thread) and the proxy in front of it."""
+    """A running scenario: the simulator (in its thread) and what records it (the proxy, or a shared client capture)."""
 
     sim: SimulatorThread
-    proxy: TapProxy
+    proxy: TapProxy | None = None
+    capture: LiveCapture | None = None
     watchers: list[Watcher] = field(default_factory=list)  # called with each journal entry, on the simulator's loop
 
     def __post_init__(self) -> None:
@@ -107,8 +125,34 @@ class Live:
 
     @property
     def port(self) -> int:
-        """Where clients connect (the proxy)."""
-        return self.proxy.port
+        """Where clients connect: the proxy, else node 0."""
+        return self.proxy.port if self.proxy is not None else self.sim.port
+
+    def node_port(self, node: int) -> int:
+        """Node ``node``'s own port (several nodes: clients connect there directly)."""
+        address = self.sim.sim.cluster.addresses[node]
+        assert address is not None and self.proxy is None
+        return address[1]
+
+    def high(self, vb: int) -> int:
+        """Vbucket ``vb``'s high seqno now."""
+        return int(self.sim.call(lambda: self.sim.sim.bucket.vbuckets[vb].high_seqno))
+
+    def uuid(self, vb: int) -> int:
+        """Vbucket ``vb``'s current UUID."""
+        return int(self.sim.call(lambda: self.sim.sim.bucket.vbuckets[vb].uuid))
+
+    def keys_in(self, vb: int, prefix: str, n: int) -> list[str]:
+        """The first ``n`` keys ``prefix-000``, ``prefix-001``... that hash to vbucket ``vb``."""
+        bucket = self.sim.sim.bucket
+        keys: list[str] = []
+        i = 0
+        while len(keys) < n:
+            key = f"{prefix}-{i:03d}"
+            if bucket.vbucket_of(key).id == vb:
+                keys.append(key)
+            i += 1
+        return keys
 
     def journal(self) -> list[dict[str, Any]]:
         """A copy of the simulator's journal, taken on its loop."""
@@ -118,20 +162,41 @@ class Live:
         """A stock-client configuration for this simulator."""
         return ConsumerConfig(bucket="default", user=USER, password=PASSWORD, name=name, **kw)
 
+    def client(self, config: ConsumerConfig) -> DcpClient:
+        """A stock client of node 0 (through the proxy, or recorded into the scenario's capture)."""
+        return DcpClient("127.0.0.1", self.port, config, capture=self.capture)
+
 
 @contextlib.contextmanager
-def live(out: Path, name: str, **sim: Any) -> Iterator[Live]:
-    """Run a simulator and the proxy; on exit write ``out/live-<name>.pcap`` and its journal."""
+def live(out: Path, name: str, *, users: dict[str, str] | None = None, advertise_proxy: bool = False, **sim: Any) -> Iterator[Live]:
+    """Run a simulator (and, with one node, the proxy); on exit write ``out/live-<name>.pcap`` and its journal.
+
+    With one node the proxy records; with ``advertise_proxy`` the cluster map names the
+    proxy's address as the node (for clients that connect where the map says).  With
+    several nodes the clients record their own connections into :attr:`Live.capture`
+    (they must close them).
+    """
     pcap = out / f"live-{name}.pcap"
-    simulator = Simulator(host="127.0.0.1", port=0, users={USER: PASSWORD}, **sim)
+    simulator = Simulator(host="127.0.0.1", port=0, users=users or {USER: PASSWORD}, **sim)
     with simulator.run_in_thread() as st:
-        proxy = TapProxy(("127.0.0.1", 0), (st.host, st.port), pcap=pcap)
-        with proxy.background():
-            session = Live(st, proxy)
-            yield session
-            _settle(proxy)
+        if simulator.nodes > 1:
+            with LiveCapture(pcap=pcap, on_record=_discard) as capture:
+                session = Live(st, capture=capture)
+                yield session
+        else:
+            proxy = TapProxy(("127.0.0.1", 0), (st.host, st.port), pcap=pcap)
+            with proxy.background():
+                if advertise_proxy:
+                    st.call(st.sim.cluster.addresses.__setitem__, 0, ("127.0.0.1", proxy.port))
+                session = Live(st, proxy=proxy)
+                yield session
+                _settle(proxy)
         journal = session.journal()
     write_journal(out / f"live-{name}.journal.json", journal)
+
+
+def _discard(_rec: Any) -> None:
+    """Records are not kept while recording (the pcap is what counts)."""
 
 
 def _settle(proxy: TapProxy, timeout: float = DEADLINE) -> None:
@@ -166,9 +231,18 @@ async def within(aw: Awaitable[Any], what: str, timeout: float = DEADLINE) -> An
         raise TimeoutError(f"timed out waiting for {what}") from None
 
 
-async def client_until(client: DcpClient, cond: Callable[[DcpConsumer], bool], what: str) -> None:
-    """Wait until ``cond(consumer)`` holds: checked each time the stock client handled what arrived (:meth:`DcpClient.until`)."""
-    await within(client.until(cond), what)
+async def client_until(client: DcpClient, cond: Callable[[DcpClient], bool], what: str) -> None:
+    """Wait until ``cond(client)`` holds: checked each time the stock client handled what arrived (:meth:`DcpClient.until`).
+
+    ``cond`` looks at :attr:`DcpClient.streams` (every node's streams, wherever each vbucket streams now).
+    """
+    await within(client.until(lambda _consumer: cond(client)), what)
+
+
+def streamed_to(client: DcpClient, vb: int) -> int:
+    """The seqno the stock client's stream of ``vb`` reached (-1: no stream yet)."""
+    st = client.streams.get(vb)
+    return -1 if st is None else st.position.seqno
 
 
 # ---------------------------------------------------------------------------
@@ -184,10 +258,15 @@ class Scripted:
     Noops are answered; buffer acks are sent once ``ack_at`` bytes were consumed
     while ``acking`` is on; seqno acks follow complete snapshots holding prepares
     when ``seqno_acks`` is on.  Waits (:meth:`until`) are woken by each chunk received.
+    With a ``capture``, every byte sent and received is recorded into it (the
+    scenario's own capture, when no proxy sits in between).
     """
 
     port: int
     name: str
+    user: str = USER
+    password: str = PASSWORD
+    capture: LiveCapture | None = None
     acking: bool = True
     ack_at: int = 0
     seqno_acks: bool = False
@@ -205,9 +284,14 @@ class Scripted:
     _writer: asyncio.StreamWriter | None = None
     _task: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) after each chunk received, and at EOF
+    _conn: LiveConnection | None = None
+    _eof: bool = False
 
     async def __aenter__(self) -> Scripted:
         self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        if self.capture is not None:
+            local, peer = self._writer.get_extra_info("sockname"), self._writer.get_extra_info("peername")
+            self._conn = self.capture.connection((str(local[0]), int(local[1])), (str(peer[0]), int(peer[1])))
         self._task = asyncio.ensure_future(self._read())
         return self
 
@@ -219,6 +303,8 @@ class Scripted:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._conn is not None:
+            self._conn.close(by="s2c" if self._eof else "c2s")
 
     # --- sending -----------------------------------------------------------------
     def send(self, name: str, **kw: Any) -> int:
@@ -227,7 +313,10 @@ class Scripted:
             self._opaque += 1
             kw["opaque"] = self._opaque
         assert self._writer is not None
-        self._writer.write(encode(name, **kw))
+        raw = encode(name, **kw)
+        if self._conn is not None:
+            self._conn.data("c2s", raw)
+        self._writer.write(raw)
         return int(kw.get("opaque", 0))
 
     async def request(self, name: str, **kw: Any) -> Dissection:
@@ -255,7 +344,7 @@ class Scripted:
         hello = await self.request("HELLO", key=f"dcpinspect-script/{self.name}", value={"features": [{"feature": f} for f in features]})
         self.ctx = self.ctx.with_features(tuple(int(f["feature"]) for f in hello.body.get("features", [])))
         for name, kw in (
-            ("SASL_AUTH", {"key": "PLAIN", "value": plain_payload(USER, PASSWORD)}),
+            ("SASL_AUTH", {"key": "PLAIN", "value": plain_payload(self.user, self.password)}),
             ("SELECT_BUCKET", {"key": "default"}),
             ("DCP_OPEN", {"key": self.name, "extras": {"seqno": 0, "flags": OpenFlag.PRODUCER}}),
         ):
@@ -297,7 +386,10 @@ class Scripted:
             while True:
                 data = await self._reader.read(1 << 16)
                 if not data:
+                    self._eof = True
                     return
+                if self._conn is not None:
+                    self._conn.data("s2c", data)
                 for ev in self._decoder.feed(data):
                     if isinstance(ev, Frame):
                         self._frame(ev)
@@ -374,36 +466,45 @@ def rollback_retry(out: Path) -> None:
 
 
 def failover_branches(out: Path) -> None:
-    """Two failovers of vbucket 0 while the stock client streams it (end seqno 20).
+    """Two data nodes; each vbucket fails over once while the stock client streams both (end seqno 20).
 
-    The first (nothing lost) ends the stream StateChanged; the client re-requests and
-    sees the failover log grow.  Five more writes, then the second failover loses 3
-    items: StateChanged again, the resume rolls back to the new branch point, the retry
-    succeeds with a three-entry log and the stream runs to seqno 20 (OK).
+    Vbucket 1 (active on node 1, replica on node 0) fails over with nothing lost: its
+    stream on node 1 ends StateChanged, the client fetches the new cluster map and
+    re-requests it on node 0: Success with a two-entry failover log, no rollback.
+    Vbucket 0 (active on node 0, at seqno 10) gets five more writes, then fails over to
+    node 1 without its last 3: StateChanged on node 0, the client re-requests it on
+    node 1 from 15, Rollback to the new branch point 12, the retry succeeds.  Both
+    streams then run to seqno 20 (OK).  Recorded by the client itself (it follows the
+    map to each node's own port).
     """
-    with live(out, "failover-branches", vbuckets=1, items=10, seed=3) as lv:
+    with live(out, "failover-branches", nodes=2, vbuckets=2, items=16, seed=3) as lv:
+
+        def at(vb: int, seqno: int) -> Callable[[DcpClient], bool]:
+            return lambda c: streamed_to(c, vb) >= seqno
+
+        def branches(vb: int, n: int) -> Callable[[DcpClient], bool]:
+            return lambda c: vb in c.streams and len(c.streams[vb].position.failover_log) == n
+
+        def write(vb: int, prefix: str, upto: int) -> None:
+            for key in lv.keys_in(vb, prefix, upto - lv.high(vb)):
+                lv.sim.mutate(key, {"vb": vb})
+
+        write(0, "before", 10)
 
         async def scenario() -> None:
-            client = DcpClient("127.0.0.1", lv.port, lv.config("live-failover-branches", vbuckets=(0,), end_seqno=20))
+            client = lv.client(lv.config("live-failover-branches", vbuckets=(0, 1), end_seqno=20))
             await client.start()
-
-            def at(seqno: int) -> Callable[[DcpConsumer], bool]:
-                return lambda c: c.streams[0].position.seqno >= seqno
-
-            def branches(n: int) -> Callable[[DcpConsumer], bool]:
-                return lambda c: len(c.streams[0].position.failover_log) == n
-
-            await client_until(client, at(10), "seqno 10")
-            lv.sim.failover(0)
-            await client_until(client, branches(2), "a failover log of 2 entries")
-            for i in range(5):
-                lv.sim.mutate(f"after-first-{i}", {"n": i})
-            await client_until(client, at(15), "seqno 15")
-            lv.sim.failover(0, lose=3)
-            await client_until(client, branches(3), "a failover log of 3 entries")
-            for i in range(8):
-                lv.sim.mutate(f"after-second-{i}", {"n": i})
-            await client.wait()
+            highs = {vb: lv.high(vb) for vb in (0, 1)}
+            await client_until(client, lambda c: all(at(vb, highs[vb])(c) for vb in (0, 1)), "both vbuckets caught up")
+            lv.sim.failover(1)  # nothing lost: node 0 takes vbucket 1 over
+            await client_until(client, branches(1, 2), "vbucket 1 re-requested on node 0")
+            write(0, "before-loss", 15)
+            await client_until(client, at(0, 15), "vbucket 0 at seqno 15")
+            lv.sim.failover(0, lose=3)  # node 1 takes vbucket 0 over without its last 3 items
+            await client_until(client, branches(0, 2), "vbucket 0 rolled back and re-requested on node 1")
+            for vb in (0, 1):
+                write(vb, f"after-failover-{vb}", 20)
+            await within(client.wait(), "both streams to end at seqno 20")
 
         run(scenario())
 
@@ -447,31 +548,36 @@ def stream_ids(out: Path) -> None:
 def collections(out: Path) -> None:
     """A stream filtered on collection ``airlines`` while collections are created and dropped; then an unfiltered backfill.
 
-    The filtered stream (stock client, ``{"collections": ["8"]}``) sees the creation of
-    ``airlines``, its documents, seqno-advanced over what it does not see (``hotels``),
-    the drop, and ends FilterEmpty.  A second connection then streams everything to the
+    Before it starts, ``airlines`` and then ``hotels`` are created and written (each
+    vbucket's history ends with hotels).  The filtered stream (stock client,
+    ``{"collections": ["8"]}``) backfills the creation of ``airlines`` and its
+    documents in one disk snapshot per vbucket, closed by a SEQNO_ADVANCED to the
+    snapshot end over the hotels it does not see.  While it streams, airlines and
+    hotels are written (memory snapshots: only the airlines, no marker and no
+    seqno-advanced for the hotels), then ``airlines`` is dropped (system event) and
+    the streams end FilterEmpty.  A second connection then streams everything to the
     high seqno: the system events of both collections, no dropped documents.
     """
     with live(out, "collections", vbuckets=2, items=6, seed=6) as lv:
         lv.sim.create_collection("airlines")
         for i in range(6):
             lv.sim.mutate(f"airline-{i:03d}", {"id": i}, collection="airlines")
+        lv.sim.create_collection("hotels")
+        for key in [k for vb in (0, 1) for k in lv.keys_in(vb, "hotel", 2)]:
+            lv.sim.mutate(key, {"name": key}, collection="hotels")
 
         async def scenario() -> None:
             cfg = lv.config("live-collections-filtered", vbuckets=(0, 1), stream_value={"collections": ["8"]})
-            client = DcpClient("127.0.0.1", lv.port, cfg)
+            client = lv.client(cfg)
             await client.start()
-            highs = {vb: lv.sim.call(lambda v=vb: lv.sim.sim.bucket.vbuckets[v].high_seqno) for vb in (0, 1)}
-            await client_until(
-                client, lambda c: all(c.streams[vb].position.seqno >= highs[vb] for vb in (0, 1)), "the filtered streams to catch up"
-            )
-            lv.sim.create_collection("hotels")
-            for i in range(4):
-                lv.sim.mutate(f"hotel-{i:03d}", {"id": i}, collection="hotels")
-            for i in range(6, 8):
-                lv.sim.mutate(f"airline-{i:03d}", {"id": i}, collection="airlines")
+            highs = {vb: lv.high(vb) for vb in (0, 1)}
+            await client_until(client, lambda c: all(streamed_to(c, vb) >= highs[vb] for vb in (0, 1)), "the filtered backfills")
+            for key in [k for vb in (0, 1) for k in lv.keys_in(vb, "airline-late", 1)]:
+                lv.sim.mutate(key, {"name": key}, collection="airlines")
+            for key in [k for vb in (0, 1) for k in lv.keys_in(vb, "hotel-late", 1)]:
+                lv.sim.mutate(key, {"name": key}, collection="hotels")
             lv.sim.drop_collection("airlines")
-            await client.wait()
+            await within(client.wait(), "FilterEmpty")
 
         run(scenario())
         run(run_client("127.0.0.1", lv.port, lv.config("live-collections-all", vbuckets=(0, 1), to_latest=True)))
@@ -515,7 +621,11 @@ def sync_writes(out: Path) -> None:
 
 
 def flow_control(out: Path) -> None:
-    """connection_buffer_size 2048: the consumer stops acking, the producer stalls on a full window; 0.5 s later it acks and the stream ends OK."""
+    """connection_buffer_size 2048: the consumer stops acking and the producer just stalls on the full window.
+
+    Nothing ends: a server never ends a stream because its consumer stopped acking.
+    0.5 s later the consumer acks and the stream runs to its end seqno (OK).
+    """
     with live(out, "flow-control", vbuckets=1, items=40, seed=8) as lv:
         high = lv.sim.call(lambda: lv.sim.sim.bucket.vbuckets[0].high_seqno)
 
@@ -550,48 +660,209 @@ def oso(out: Path) -> None:
         run(run_client("127.0.0.1", lv.port, cfg))
 
 
-def stream_ends(out: Path) -> None:
-    """Every stream-end reason the simulator produces: OK, Closed, StateChanged, FilterEmpty, then Slow on a second connection.
+READER, READER_PASSWORD = "reader", "reader-password"
 
-    Not produced (the simulator does not model them): Disconnected (3), BackfillFail (5),
-    Rollback (6; sent as StateChanged anyway), LostPrivileges (8).
+
+def stream_ends(out: Path) -> None:
+    """Every stream-end status a server sends, each produced as kv_engine produces it (scripted clients, two nodes).
+
+    On node 0 (active for the even vbuckets), connection ``live-stream-ends``
+    (collections, user ``reader``): OK (0) at an end seqno; StateChanged (2) when the
+    vbucket fails over to node 1; FilterEmpty (7) when the only collection of a
+    filtered stream is dropped; BackfillFail (5) on an armed backfill failure;
+    Rollback sent as StateChanged (2) when a purge overtakes a backfill stalled under
+    disk pressure; Slow (4) when a backfill stays stalled under disk pressure past the
+    backfill idle limit.  Connection ``live-stream-ends-close`` (a 256-byte window,
+    ``send_stream_end_on_client_close_stream``): CLOSE_STREAM while a memory snapshot
+    waits behind the full window; the close response goes first, the queued items
+    follow once acked, then Closed (1).  Last, user ``reader`` loses its privileges:
+    LostPrivileges (8) on the collections connection, OK (0) on connection
+    ``live-stream-ends-legacy`` (no HELLO Collections).  Disconnected (3) is never on
+    the wire: a dropped connection's streams just stop.  Recorded by the clients.
     """
-    with live(out, "stream-ends", vbuckets=4, items=16, seed=10, slow_after=0.4) as lv:
-        lv.sim.create_collection("airlines")
-        for i in range(4):
-            lv.sim.mutate(f"airline-{i:03d}", {"id": i}, collection="airlines")
+    users = {USER: PASSWORD, READER: READER_PASSWORD}
+    with live(out, "stream-ends", users=users, nodes=2, vbuckets=8, items=48, seed=10) as lv:
         b = lv.sim.sim.bucket
-        high = {vb: lv.sim.call(lambda v=vb: b.vbuckets[v].high_seqno) for vb in range(4)}
-        vb_airline = lv.sim.call(lambda: b.vbucket_of("airline-000").id)
+        cluster = lv.sim.sim.cluster
+        cid = lv.sim.create_collection("airlines")
+        vb_airline = 6  # active on node 0; the collection's only documents live there
+        for key in lv.keys_in(vb_airline, "airline", 4):
+            lv.sim.mutate(key, {"name": key}, collection="airlines")
+        node0 = lv.node_port(0)
+
+        def caught_up(c: Scripted, vb: int) -> Callable[[], bool]:
+            high = lv.high(vb)
+            return lambda: any(d.frame.vbucket == vb and (_seqno_of(d) or 0) >= high for d in c.received if d.role == "request")
+
+        def ended(c: Scripted, vb: int, n: int) -> Callable[[], bool]:
+            """The ``n``-th STREAM_END of ``vb`` on ``c`` arrived."""
+            return lambda: sum(1 for d in c.received if d.name == "DCP_STREAM_END" and d.frame.vbucket == vb) >= n
 
         async def scenario() -> None:
-            async with Scripted(lv.port, "live-stream-ends") as c:
-                await c.bootstrap(
-                    features=(COLLECTIONS,),
-                    controls=(("enable_noop", "true"), ("set_noop_interval", "10"), ("send_stream_end_on_client_close_stream", "true")),
-                )
-                await c.stream(0, end=high[0])  # OK at the end seqno
-                await c.until_end((0, None))
-                await c.stream(1)  # Closed after CLOSE_STREAM
-                await c.until(lambda: any(d.frame.vbucket == 1 and _seqno_of(d) == high[1] for d in c.received), "vb 1 caught up")
-                closed = await c.request("DCP_CLOSE_STREAM", vbucket=1)
-                assert closed.frame.status == Status.SUCCESS
-                await c.until_end((1, None))
-                await c.stream(2)  # StateChanged on failover
-                await c.until(lambda: any(d.frame.vbucket == 2 and _seqno_of(d) == high[2] for d in c.received), "vb 2 caught up")
-                lv.sim.failover(2)
-                await c.until_end((2, None))
-                await c.stream(vb_airline, value={"collections": ["8"]})  # FilterEmpty when airlines is dropped
-                await c.until(
-                    lambda: any(d.frame.vbucket == vb_airline and _seqno_of(d) == high[vb_airline] for d in c.received),
-                    "the filtered stream caught up",
-                )
+            controls = (("enable_noop", "true"), ("set_noop_interval", "10"))
+            async with Scripted(node0, "live-stream-ends", user=READER, password=READER_PASSWORD, capture=lv.capture) as c:
+                await c.bootstrap(features=(COLLECTIONS,), controls=controls)
+                # OK: the end seqno reached
+                await c.stream(0, end=lv.high(0))
+                await c.until(ended(c, 0, 1), "OK")
+                # StateChanged: vbucket 4 fails over to node 1
+                await c.stream(4)
+                await c.until(caught_up(c, 4), "vb 4 caught up")
+                lv.sim.failover(4)
+                await c.until(ended(c, 4, 1), "StateChanged")
+                # FilterEmpty: the filter's only collection is dropped
+                await c.stream(vb_airline, value={"collections": [f"{cid:x}"]})
+                await c.until(caught_up(c, vb_airline), "the filtered stream caught up")
                 lv.sim.drop_collection("airlines")
-                await c.until_end((vb_airline, None))
-            async with Scripted(lv.port, "live-stream-ends-slow", acking=False) as c:
-                await c.bootstrap(controls=(("connection_buffer_size", "128"),))
-                await c.stream(3)  # Slow: the window stays full longer than the producer waits
-                await c.until_end((3, None))
+                await c.until(ended(c, vb_airline, 1), "FilterEmpty")
+                # BackfillFail: the next backfill of vbucket 0 fails
+                lv.sim.fail_backfills(0)
+                await c.stream(0)
+                await c.until(ended(c, 0, 2), "BackfillFail")
+                # Rollback (sent as StateChanged): tombstones above the resume point, purged while its backfill is stalled
+                start, uuid = lv.high(2), lv.uuid(2)
+                for key in [f"doc-{i:04d}" for i in range(48) if b.vbucket_of(f"doc-{i:04d}").id == 2][:3]:
+                    lv.sim.delete(key)  # three tombstones above the resume point
+                lv.sim.disk_pressure(True)
+                assert (await c.stream(2, start=start, uuid=uuid, snap=(start, start))).frame.status == Status.SUCCESS
+                lv.sim.purge(2)
+                lv.sim.disk_pressure(False)
+                await c.until(ended(c, 2, 1), "Rollback as StateChanged")
+                # Slow: a backfill stalled under disk pressure past the (here small) backfill idle limit
+                lv.sim.call(setattr, cluster, "backfill_idle_limit", 0.5)
+                lv.sim.disk_pressure(True)
+                await c.stream(vb_airline)
+                await c.until(ended(c, vb_airline, 2), "Slow")
+                lv.sim.disk_pressure(False)
+                # Closed, with queued messages after the close response (another connection, a small window)
+                async with Scripted(node0, "live-stream-ends-close", acking=False, capture=lv.capture) as cl:
+                    await cl.bootstrap(controls=(("connection_buffer_size", "256"), ("send_stream_end_on_client_close_stream", "true")))
+                    start = lv.high(2)
+                    await cl.stream(2, start=start, uuid=lv.uuid(2), snap=(start, start))
+                    keys = lv.keys_in(2, "queued", 10)
+                    lv.sim.call(lambda: [b.mutate(k, {"n": i}) for i, k in enumerate(keys)])
+                    lv.sim.kick()  # one memory snapshot of 10 items: the 256-byte window holds two or three
+                    await lv.until_noted(lambda e: e["event"] == "flow_blocked" and e.get("name") == cl.name, "the full window")
+                    closed = await cl.request("DCP_CLOSE_STREAM", vbucket=2)
+                    assert closed.frame.status == Status.SUCCESS
+                    cl.acking = True
+                    cl.ack()
+                    await cl.until_end((2, None))
+                # LostPrivileges: 8 on the collections connection, 0 on a legacy one
+                async with Scripted(node0, "live-stream-ends-legacy", user=READER, password=READER_PASSWORD, capture=lv.capture) as lg:
+                    await lg.bootstrap()
+                    await c.stream(0)
+                    await lg.stream(2)
+                    await c.until(caught_up(c, 0), "vb 0 caught up")
+                    await lg.until(caught_up(lg, 2), "vb 2 caught up on the legacy connection")
+                    lv.sim.lose_privileges(READER)
+                    await c.until(ended(c, 0, 3), "LostPrivileges")
+                    await lg.until_end((2, None))
+
+        run(scenario())
+
+
+#: the official SDK's side of the ``sdk`` sample: prints one JSON line with its results (CAS and mutation tokens)
+SDK_SCRIPT = r"""
+import json, sys
+from datetime import timedelta
+from couchbase.auth import PasswordAuthenticator
+from couchbase.cluster import Cluster
+from couchbase.diagnostics import ServiceType
+from couchbase.durability import DurabilityLevel, ServerDurability
+from couchbase.exceptions import DocumentNotFoundException
+from couchbase.options import ClusterOptions, ClusterTimeoutOptions, UpsertOptions, WaitUntilReadyOptions
+
+port, collection = int(sys.argv[1]), sys.argv[2]
+timeouts = ClusterTimeoutOptions(
+    bootstrap_timeout=timedelta(seconds=15), connect_timeout=timedelta(seconds=5),
+    kv_timeout=timedelta(seconds=5), kv_durable_timeout=timedelta(seconds=10),
+)
+auth = PasswordAuthenticator(sys.argv[3], sys.argv[4])
+cluster = Cluster(f"couchbase://127.0.0.1:{port}", ClusterOptions(auth, timeout_options=timeouts))
+out = []
+try:
+    cluster.wait_until_ready(timedelta(seconds=15), WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+    bucket = cluster.bucket("default")
+
+    def token(kind, key, r):
+        t = r.mutation_token()
+        out.append({"op": kind, "key": key, "cas": r.cas, "vb": t.partition_id, "seqno": t.sequence_number})
+
+    for name in ("_default", collection):
+        coll = bucket.scope("_default").collection(name)
+        key = f"sdk-{name}"
+        token("upsert", key, coll.upsert(key, {"n": 1, "in": name}))
+        assert coll.get(key).content_as[dict] == {"n": 1, "in": name}
+        token("upsert", key + "-kept", coll.upsert(key + "-kept", {"kept": True}))
+        token("remove", key, coll.remove(key))
+        try:
+            coll.get(key)
+            raise AssertionError("a removed document was found")
+        except DocumentNotFoundException:
+            pass
+    coll = bucket.default_collection()
+    durable = UpsertOptions(durability=ServerDurability(DurabilityLevel.MAJORITY))
+    token("durable", "sdk-durable", coll.upsert("sdk-durable", {"durable": True}, durable))
+finally:
+    cluster.close()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+async def run_sdk(port: int, collection: str) -> list[dict[str, Any]]:
+    """Run :data:`SDK_SCRIPT` against ``port``; its results (an error with its output if it failed)."""
+    if importlib.util.find_spec("couchbase") is None:
+        raise RuntimeError("the sdk sample needs the official Couchbase SDK: pip install couchbase")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SDK_SCRIPT,
+        str(port),
+        collection,
+        USER,
+        PASSWORD,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        raw, _ = await asyncio.wait_for(proc.communicate(), 2 * DEADLINE)  # a deadline only: it ends by itself in seconds
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise TimeoutError("the SDK did not finish") from None
+    output = raw.decode(errors="replace")
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the SDK failed (exit {proc.returncode}):\n{output}")
+    result: list[dict[str, Any]] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def sdk(out: Path) -> None:
+    """The official Couchbase Python SDK writes through the proxy while the stock client streams every vbucket.
+
+    The SDK bootstraps (HELLO, SCRAM-SHA512, the global cluster config, then its bucket
+    connection to the kv port that config names: the proxy), upserts, gets and removes
+    documents in the default collection and in ``airlines``, and makes one durable write.
+    The stock client (sync writes enabled) streams all eight vbuckets from 0 and stops
+    (CLOSE_STREAM) once it has seen the seqno of every mutation token the SDK reported.
+    """
+    with live(out, "sdk", vbuckets=8, items=0, seed=13, advertise_proxy=True) as lv:
+        lv.sim.create_collection("airlines")
+        vbs = tuple(range(8))
+
+        async def scenario() -> None:
+            client = lv.client(lv.config("live-sdk-watch", vbuckets=vbs, controls=(("enable_sync_writes", "true"),)))
+            await client.start()
+            highs = {vb: lv.high(vb) for vb in vbs}
+            await client_until(client, lambda c: all(streamed_to(c, vb) >= highs[vb] for vb in vbs), "every stream caught up")
+            results = await run_sdk(lv.port, "airlines")
+            want: dict[int, int] = {}
+            for r in results:
+                want[r["vb"]] = max(want.get(r["vb"], 0), r["seqno"])
+            await client_until(client, lambda c: all(streamed_to(c, vb) >= s for vb, s in want.items()), "the SDK's writes streamed")
+            await within(client.stop(), "the client to close its streams")
 
         run(scenario())
 
@@ -611,9 +882,9 @@ def loss_reorder(out: Path) -> None:
 
             async def scenario() -> None:
                 cfg = lv.config("live-loss-reorder", vbuckets=(0,), end_seqno=130, buffer_size=1500, ack_ratio=0.5)
-                client = DcpClient("127.0.0.1", lv.port, cfg)
+                client = lv.client(cfg)
                 await client.start()
-                await client_until(client, lambda c: c.streams[0].position.seqno >= 10, "seqno 10")
+                await client_until(client, lambda c: streamed_to(c, 0) >= 10, "seqno 10")
                 lv.sim.call(lambda: [b.mutate(f"burst-{i:03d}", {"n": i, "pad": "x" * 40}) for i in range(120)])
                 lv.sim.kick()  # one batch of 120 writes: memory snapshots of 20 seqnos, longer than a segment
                 await client.wait()
@@ -682,6 +953,7 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
     "flow-control": flow_control,
     "oso": oso,
     "stream-ends": stream_ends,
+    "sdk": sdk,
     "loss-reorder": loss_reorder,
 }
 
