@@ -374,7 +374,7 @@ class TimelineBuilder(StreamHandlers):
         out = []
         for c in self._conns.values():
             waiting = [(d, opaque, op, frame) for (d, opaque), reqs in c.pending.items() for op, _req, frame in reqs]
-            waiting += [(d, opaque, op, frame) for (d, opaque), (op, frame, _s) in c.stream_pending.items()]
+            waiting += [(d, opaque, op, frame) for (d, opaque), reqs in c.stream_pending.items() for op, frame, _s in reqs]
             for d, opaque, op, frame in sorted(waiting, key=itemgetter(3)):
                 peer = c.last.get(OTHER[d])
                 if op == _NOOP or not answered_once(op) or peer is None or peer.number < frame:

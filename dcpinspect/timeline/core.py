@@ -63,7 +63,7 @@ class Conn:
     pending: dict[tuple[str, int], list[tuple[int, Any, int]]] = field(default_factory=dict)
     # STREAM_REQ / CLOSE_STREAM in flight, apart (light, and as many as there are streams: a request per vbucket at once):
     # (dir, opaque) -> (opcode, frame, the stream it was for) - the answer finds its stream without a scan of them all
-    stream_pending: dict[tuple[str, int], tuple[int, int, Stream | None]] = field(default_factory=dict)
+    stream_pending: dict[tuple[str, int], list[tuple[int, int, Stream | None]]] = field(default_factory=dict)
     by_opaque: dict[int, Stream] = field(default_factory=dict)
     by_key: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
     # (vbucket, stream id) -> the closed segment a new request replaces: it still takes what the producer had queued

@@ -71,9 +71,20 @@ class StreamHandlers(BuilderCore):
     def _stream_request(self, c: Conn, rec: Record, h: Header) -> None:
         """DCP_STREAM_REQ: an attempt of its stream (a new segment unless the last one awaits a retry)."""
         s = self._attempt(c, rec, h)
-        c.stream_pending[(rec.direction, h[7])] = (h[1], rec.number, s)
-        if len(c.stream_pending) > MAX_STREAM_REQUESTS:
-            del c.stream_pending[next(iter(c.stream_pending))]
+        self._pend_stream(c, rec, h, s)
+
+    @staticmethod
+    def _pend_stream(c: Conn, rec: Record, h: Header, s: Stream | None) -> None:
+        """A STREAM_REQ or CLOSE_STREAM waits for its answer; pipelined requests may share an opaque: answered in order."""
+        key = (rec.direction, h[7])
+        queue = c.stream_pending.get(key)
+        if queue is None:
+            queue = c.stream_pending[key] = []
+            if len(c.stream_pending) > MAX_STREAM_REQUESTS:
+                del c.stream_pending[next(iter(c.stream_pending))]
+        queue.append((h[1], rec.number, s))
+        if len(queue) > MAX_STREAM_REQUESTS:
+            del queue[0]
 
     def _attempt(self, c: Conn, rec: Record, h: Header) -> Stream | None:
         d = self._dissect(rec)
@@ -123,9 +134,7 @@ class StreamHandlers(BuilderCore):
             s.closed_frame = rec.number
         else:
             s = None
-        c.stream_pending[(rec.direction, h[7])] = (h[1], rec.number, s)
-        if len(c.stream_pending) > MAX_STREAM_REQUESTS:
-            del c.stream_pending[next(iter(c.stream_pending))]
+        self._pend_stream(c, rec, h, s)
 
     def _stream_message(
         self,
@@ -374,8 +383,14 @@ class StreamHandlers(BuilderCore):
     def _stream_answer(self, c: Conn, rec: Record, h: Header) -> None:
         """A STREAM_REQ or CLOSE_STREAM response: recorded on the stream its request was for (found without a scan)."""
         op, opaque = h[1], h[7]
-        req = c.stream_pending.pop((OTHER[rec.direction], opaque), None)
-        if req is None or req[0] != op:
+        key = (OTHER[rec.direction], opaque)
+        queue = c.stream_pending.get(key, [])
+        req = next((r for r in queue if r[0] == op), None)  # the oldest of its kind: answers come in request order
+        if req is not None:
+            queue.remove(req)
+            if not queue:
+                del c.stream_pending[key]
+        if req is None:
             self._anomaly(c, K.RESPONSE_WITHOUT_REQUEST, [rec.number], f"{name_of(op)} response (opaque 0x{opaque:08x}) matches no request")
             return
         _, req_frame, s = req

@@ -586,6 +586,20 @@ def test_pipelined_requests_sharing_an_opaque() -> None:
     assert kinds(timeline([*burst, *answers, answers[-1]])) == [("response without request", [11])]
 
 
+def test_pipelined_stream_requests_and_closes_sharing_an_opaque() -> None:
+    """A client closing several streams at once with opaque 0 (the stock client does): each answer finds its request, in order."""
+    opened: Conv = []
+    for vb in (0, 1):
+        opened += [("c2s", req(vb, opaque=0x10 + vb)), ("s2c", ok(opaque=0x10 + vb))]
+    closes: Conv = [("c2s", encode("DCP_CLOSE_STREAM", vbucket=vb, opaque=0)) for vb in (0, 1)]
+    answers: Conv = [("s2c", encode("DCP_CLOSE_STREAM", response=True, opaque=0)) for _ in (0, 1)]
+    t = timeline([*opened, *closes, *answers])
+    assert kinds(t) == []
+    assert [s.close_answered for s in t.streams] == [7, 8]  # each close answered by its own response, in order
+    # twin: a third close response has no request left
+    assert kinds(timeline([*opened, *closes, *answers, answers[0]])) == [("response without request", [9])]
+
+
 # --- the official SDK's bootstrap (two connections), rebuilt as frames -----------------------------------------
 
 SDK_FEATURES = [0x02, 0x0B, 0x0C, 0x0D, 0x0E, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1A, 0x1B, 0x1C, 0x1D, 0x1E]
