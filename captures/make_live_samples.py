@@ -10,7 +10,7 @@ How the bytes are captured:
 
 * one data node: through the tap proxy (:class:`dcpinspect.live.proxy.TapProxy`,
   client -> proxy -> simulator), and the simulator advertises the proxy's address
-  as its node in the cluster map (``cluster.addresses``), so a client that follows
+  as its node in the cluster map (``Simulator.advertise``), so a client that follows
   the map (the stock client, the official SDK's bucket connection) stays behind the
   proxy: the map in the capture names the port the capture shows;
 * several data nodes (a failover promotes a replica on another node): the clients'
@@ -130,9 +130,8 @@ class Live:
 
     def node_port(self, node: int) -> int:
         """Node ``node``'s own port (several nodes: clients connect there directly)."""
-        address = self.sim.sim.cluster.addresses[node]
-        assert address is not None and self.proxy is None
-        return address[1]
+        assert self.proxy is None
+        return self.sim.sim.addresses[node][1]
 
     def high(self, vb: int) -> int:
         """Vbucket ``vb``'s high seqno now."""
@@ -187,7 +186,7 @@ def live(out: Path, name: str, *, users: dict[str, str] | None = None, advertise
             proxy = TapProxy(("127.0.0.1", 0), (st.host, st.port), pcap=pcap)
             with proxy.background():
                 if advertise_proxy:
-                    st.call(st.sim.cluster.addresses.__setitem__, 0, ("127.0.0.1", proxy.port))
+                    st.advertise(0, ("127.0.0.1", proxy.port))
                 session = Live(st, proxy=proxy)
                 yield session
                 _settle(proxy)

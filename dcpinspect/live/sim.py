@@ -125,6 +125,7 @@ class Simulator:
         self.peak_backlog = 0
         self._server: asyncio.AbstractServer | None = None
         self._servers: list[asyncio.Server] = []
+        self._listening: list[tuple[str, int]] = []  # where each node listens (the map may name other addresses)
         self._kick_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -141,8 +142,15 @@ class Simulator:
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
-        """(host, port) of every node once started (node i at index i)."""
-        return [a for a in self.cluster.addresses if a is not None]
+        """(host, port) where every node listens once started (node i at index i)."""
+        return list(self._listening)
+
+    def advertise(self, node: int, address: tuple[str, int]) -> None:
+        """Have the cluster map name ``address`` for ``node`` (e.g. a tap proxy in front of it); its rev goes up."""
+        if not 0 <= node < self.cluster.nodes:
+            raise ValueError(f"no node {node}: the simulator runs {self.cluster.nodes}")
+        self.cluster.addresses[node] = (str(address[0]), int(address[1]))
+        self.cluster.rev += 1
 
     @property
     def nodes(self) -> int:
@@ -169,6 +177,7 @@ class Simulator:
                 server = await asyncio.start_server(functools.partial(self._serve, node=node), self.host, self.port if node == 0 else 0)
                 self._servers.append(server)
                 host, port = server.sockets[0].getsockname()[:2]
+                self._listening.append((str(host), int(port)))
                 self.cluster.addresses[node] = (str(host), int(port))
         except OSError:
             for server in self._servers:
@@ -484,6 +493,7 @@ _FORWARDED = frozenset(
         "stall",
         "drop_connections",
         "kick",
+        "advertise",
         "disk_pressure",
         "fail_backfills",
         "drop_cursors",

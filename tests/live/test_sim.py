@@ -11,13 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from paths import ROOT
 from producerpeer import stream_extras
 
 from dcpinspect import encode
 from dcpinspect.cli.main import build_parser
 from dcpinspect.cli.main import main as cli_main
-from dcpinspect.live.clustermap import parse_config
+from dcpinspect.live.clustermap import config_json, parse_config
 from dcpinspect.live.sasl import ScramClient
 from dcpinspect.live.sim import SCENARIOS, Simulator
 from dcpinspect.wire.decoder import FrameDecoder
@@ -357,3 +358,16 @@ def test_scenarios_end_streams_backfill_fail_and_slow_on_the_wire() -> None:
             assert any(e["event"] == "stream_end" and e["reason"] == 4 for e in sim.cluster.journal)
 
     run(main())
+
+
+def test_advertise_names_another_address_in_the_cluster_map_and_keeps_the_listening_one() -> None:
+    """A tap proxy in front of a node: the map names the proxy, ``sim.addresses`` still says where the node listens."""
+    with Simulator(vbuckets=4, items=0, nodes=2).run_in_thread() as st:
+        listening = st.sim.addresses
+        rev = st.sim.cluster.rev
+        st.advertise(1, ("127.0.0.1", 1))
+        doc = st.call(lambda: config_json(st.sim.cluster, st.sim.bucket, node=0))
+        assert [n["services"]["kv"] for n in doc["nodesExt"]] == [listening[0][1], 1]
+        assert st.sim.addresses == listening and st.sim.cluster.rev > rev
+        with pytest.raises(ValueError, match="no node 2"):
+            st.advertise(2, ("127.0.0.1", 1))
