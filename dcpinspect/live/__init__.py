@@ -1,9 +1,12 @@
 """Live peers: a simulated data node, a DCP client, a tap proxy and a sniffer (an edge over capture, flows, wire, protocol).
 
 Theory of operation: the protocol logic is sans-IO.  The producer
-(:mod:`.producer` with :mod:`.producer_streams` and :mod:`.producer_frames`,
-over the data model of :mod:`.cluster`) and the consumer (:mod:`.consumer`
-with :mod:`.consumer_states`, :mod:`.consumer_streams` and :mod:`.resume`)
+(:mod:`.producer` with :mod:`.producer_streams`, :mod:`.producer_snapshots`,
+:mod:`.producer_frames` and :mod:`.kv`, over the data model of :mod:`.cluster`
+and :mod:`.vbucket`: one or more data nodes behind one cluster map,
+:mod:`.clustermap`) and the consumer (:mod:`.consumer` with
+:mod:`.consumer_states`, :mod:`.consumer_streams`, :mod:`.consumer_map` and
+:mod:`.resume`; :mod:`.consumer_cluster` runs one per node, following the map)
 take bytes and the time in and give bytes and events out; :mod:`.sasl` is
 pure too.  Thin shells put them on sockets: :mod:`.sim` serves a producer
 with asyncio, :mod:`.client` drives a consumer with asyncio, :mod:`.proxy`

@@ -53,13 +53,15 @@ class ClusterMap:
 
     ``nodes`` holds (host, kv port) by server index (port 0: the node offers no kv
     service); ``vbucket_map`` is vbucket -> (active node, replica nodes...), -1 for
-    none; ``bucket`` is the bucket's name (``None`` for a global config).
+    none; ``bucket`` is the bucket's name (``None`` for a global config);
+    ``this_node`` is the one entry marked ``thisNode`` (``None``: none, or several).
     """
 
     rev: int
     nodes: tuple[tuple[str, int], ...]
     vbucket_map: tuple[tuple[int, ...], ...]
     bucket: str | None
+    this_node: int | None = None
 
     def active_node(self, vb: int) -> int | None:
         """The server index of the node holding ``vb`` active (``None``: unknown vbucket or no active copy)."""
@@ -174,4 +176,5 @@ def parse_config(value: bytes, *, connected: tuple[str, int]) -> ClusterMap:
     name = cfg.get("name")
     if name is not None and not isinstance(name, str):
         raise ValueError("name is not a string")
-    return ClusterMap(rev=rev, nodes=nodes, vbucket_map=vmap, bucket=name)
+    marked = [i for i, e in enumerate(entries) if e.get("thisNode") is True]
+    return ClusterMap(rev=rev, nodes=nodes, vbucket_map=vmap, bucket=name, this_node=marked[0] if len(marked) == 1 else None)

@@ -34,7 +34,7 @@ the wire.
 6. It answers every DCP_NOOP with a reply echoing the opaque and never sends a
    DCP_NOOP request (the producer disconnects a consumer that does); silence for
    two noop intervals is a dead connection.
-7. Cluster map (given ``address``): the vbuckets the map names active on another
+7. Cluster map (given ``address``, :mod:`.consumer_map`): the vbuckets the map names active on another
    node are handed over (``moved`` events, see :mod:`.consumer_cluster`); a server
    that answers GET_CLUSTER_CONFIG with an error (memcached, an old node) keeps
    every vbucket on this connection.
@@ -47,7 +47,6 @@ the wire.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,7 +64,8 @@ from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext, Dissection
 from ..wire.encode import encode
 from ..wire.events import Frame
-from .clustermap import ClusterMap, parse_config
+from .clustermap import ClusterMap
+from .consumer_map import ClusterMapMixin
 from .consumer_states import (
     AWAITS,
     ENDS,
@@ -162,7 +162,7 @@ class ConsumerConfig:
 ReplyHandler = Callable[["DcpConsumer", Frame, Dissection, Any, float, list[ConsumerEvent]], None]
 
 
-class DcpConsumer:
+class DcpConsumer(ClusterMapMixin):
     """A DCP consumer connection as a pure state machine.
 
     Feed it what the server sent with :meth:`receive`, send what
@@ -545,80 +545,6 @@ class DcpConsumer:
         else:
             self._open(now)
 
-    # --- the cluster map -------------------------------------------------------------
-    def _on_config(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
-        self._config_asked = -1.0
-        cmap = self._read_map(frame, events)
-        if self.phase is Phase.CONFIG:
-            if cmap is not None:
-                self._place(cmap, events)
-            self._after_config(now, events)
-        else:  # streaming: the vbuckets that moved are requested here again, or handed over
-            self._relocate(events)
-
-    def _read_map(self, frame: Frame, events: list[ConsumerEvent]) -> ClusterMap | None:
-        """The map in a GET_CLUSTER_CONFIG reply, if it can route vbuckets (else: stay on this connection)."""
-        assert self.address is not None
-        why = ""
-        if frame.status != _SUCCESS:
-            why = f"not served ({status_text(frame.status)})"
-        else:
-            try:
-                cmap = parse_config(frame.value, connected=self.address)
-            except (ValueError, KeyError, TypeError) as exc:
-                why = f"unreadable ({server_text(str(exc))})"
-                events.append(ConsumerEvent("malformed", f"cluster map {why}"))
-            else:
-                me = _this_node(cmap, self.address, frame.value)
-                if not cmap.vbucket_map:
-                    why = "without a vbucket map"
-                elif len(cmap.vbucket_map) > _MAX_VBUCKET + 1:
-                    why = f"with {len(cmap.vbucket_map)} vbuckets (at most {_MAX_VBUCKET + 1})"
-                elif me is None:
-                    why = f"not naming this node {_address_text(self.address)}"
-                else:
-                    self.cluster_map, self.node_index = cmap, me
-                    self.tracker.follow_map = True
-                    text = f"rev {cmap.rev}: {len(cmap.nodes)} node(s), {len(cmap.vbucket_map)} vbuckets, this is node {me}"
-                    events.append(ConsumerEvent("cluster_map", text, data={"map": cmap, "node": me}))
-                    return cmap
-        if self.cluster_map is None:
-            self.tracker.follow_map = False
-            events.append(ConsumerEvent("cluster_map", f"{why}: every vbucket stays on this connection"))
-        else:
-            events.append(ConsumerEvent("cluster_map", f"{why}: keeping rev {self.cluster_map.rev}"))
-        return None
-
-    def _place(self, cmap: ClusterMap, events: list[ConsumerEvent]) -> None:
-        """Bootstrap: keep the vbuckets active on this node, hand the others over."""
-        self._placed = True
-        if self.config.vbuckets is None:
-            for vb in range(len(cmap.vbucket_map)):
-                if vb not in self.streams:
-                    self.tracker.add(vb)
-        for st in list(self.streams.values()):
-            node = cmap.active_node(st.vbucket)
-            if node is not None and node != self.node_index and not st.finished:
-                self.tracker.hand_over(st, cmap.nodes[node], events)
-                del self.streams[st.vbucket]
-
-    def _again(self, st: StreamInfo, events: list[ConsumerEvent]) -> None:
-        """Request ``st`` again: here, or once the cluster map says where its vbucket lives."""
-        if st.status is not StreamStatus.LOCATING:
-            self._stream_request(st, events)
-        elif self._config_asked < 0:  # one map request serves every vbucket that moved meanwhile
-            self._config_asked = self._now
-            self._request(Request.CONFIG, "GET_CLUSTER_CONFIG")
-
-    def _relocate(self, events: list[ConsumerEvent]) -> None:
-        cmap = self.cluster_map
-        for st in [s for s in self.streams.values() if s.status is StreamStatus.LOCATING]:
-            node = cmap.active_node(st.vbucket) if cmap is not None else None
-            if cmap is None or node is None or node == self.node_index or not self.tracker.follow_map:
-                self._stream_request(st, events)  # still here (or nowhere known): ask this node again
-            else:
-                self.tracker.hand_over(st, cmap.nodes[node], events)
-
     def _on_seqnos(self, frame: Frame, d: Dissection, detail: Any, now: float, events: list[ConsumerEvent]) -> None:
         if frame.status != _SUCCESS:
             # the same numbers are in STAT "vbucket-seqno" (one response per stat, then an empty one)
@@ -777,28 +703,6 @@ REPLY_HANDLERS: dict[Request, ReplyHandler] = {
     Request.CONTROL: DcpConsumer._on_control,
     Request.STREAM_REQ: DcpConsumer._on_stream_req,
 }
-
-
-def _address_text(address: tuple[str, int]) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _this_node(cmap: ClusterMap, address: tuple[str, int], raw: bytes) -> int | None:
-    """This node's server index: the node at the address connected to, else the one marked ``thisNode``, else a lone node."""
-    if address in cmap.nodes:
-        return cmap.nodes.index(address)
-    this = getattr(cmap, "this_node", None)
-    if this is None:
-        try:
-            entries = json.loads(raw).get("nodesExt", [])
-            marked = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("thisNode") is True]
-        except (ValueError, AttributeError):
-            marked = []
-        this = marked[0] if len(marked) == 1 else None
-    if isinstance(this, int) and 0 <= this < len(cmap.nodes):
-        return this
-    return 0 if len(cmap.nodes) == 1 else None
 
 
 def _exc_text(exc: BaseException) -> str:

@@ -115,7 +115,8 @@ def test_cluster_config_names_every_node_and_the_vbucket_map() -> None:
     assert [n["thisNode"] for n in cfg["nodesExt"]] == [False, True]
     assert cfg["vBucketServerMap"]["vBucketMap"] == b.vbucket_map() and cfg["vBucketServerMap"]["numReplicas"] == 1
     m = parse_config(json.dumps(cfg).encode(), connected=("127.0.0.1", 40002))
-    assert m == ClusterMap(cluster.rev, (("127.0.0.1", 40001), ("127.0.0.1", 40002)), tuple(map(tuple, b.vbucket_map())), "default")
+    nodes = (("127.0.0.1", 40001), ("127.0.0.1", 40002))
+    assert m == ClusterMap(cluster.rev, nodes, tuple(map(tuple, b.vbucket_map())), "default", this_node=1)  # thisNode read
     assert [m.active_node(vb) for vb in range(8)] == [row[0] for row in b.vbucket_map()] and m.active_node(8) is None
     assert parse_config(json.dumps(config_json(cluster, None, node=0)).encode(), connected=("h", 1)).bucket is None
 
