@@ -1,18 +1,108 @@
-"""Fixtures of the views' tests: a capture with HTML in a key, a short live session, a Background run by hand."""
+"""Fixtures of the views' tests: the failover capture's facts, a capture with HTML in a key, a short live session, a Background run by hand."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
+from paths import CAPTURES
 
 from dcpinspect import encode
 from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+from dcpinspect.capture.read import read_records
 from dcpinspect.live.tap import LiveCapture
+from dcpinspect.wire.dissect import dissect
+from dcpinspect.wire.dissection import Dissection
+from dcpinspect.wire.events import Frame
 
 EVIL = "<script>alert(1)</script>"
+BRANCHES = str(CAPTURES / "live-failover-branches.pcap")
+
+
+@dataclass(frozen=True)
+class Failover:
+    """What ``live-failover-branches.pcap`` holds, read off its dissected records (not off the timeline the views draw).
+
+    The story the views must show: a stream request on vbucket 0 resumes at ``resumed_at`` on a
+    branch the new active node no longer has past ``rollback_seqno``, is answered Rollback, is
+    retried from ``rollback_seqno`` and accepted with a failover log of two entries, and its stream
+    ends (``end``).  ``first_vb0`` is vbucket 0's first request, on another connection: another stream.
+    """
+
+    path: str
+    frames: int  # records in the capture
+    requests: tuple[int, ...]  # every DCP_STREAM_REQ request, in capture order
+    vb0_requests: tuple[int, ...]  # those on vbucket 0
+    streams: int  # distinct (connection, vbucket) among the requests: the timeline's streams
+    ends: tuple[int, ...]  # every DCP_STREAM_END
+    request: int  # the request answered Rollback
+    resumed_at: int  # its start seqno
+    rollback: int  # the Rollback response
+    rollback_seqno: int  # the seqno it names
+    retry: int  # the next request on that connection and vbucket
+    accepted: int  # the retry's Success
+    failover_log: tuple[tuple[int, int], ...]  # (uuid, seqno) as the Success carries it, newest first
+    end: int  # the retried stream's STREAM_END
+    first_vb0: int  # vbucket 0's first request
+
+
+class Msg(NamedTuple):
+    """A frame of the capture with its record and its dissection."""
+
+    number: int
+    conn: int
+    frame: Frame
+    d: Dissection
+
+
+def failover_facts(path: str = BRANCHES) -> Failover:
+    records = list(read_records([path]))
+    msgs = [Msg(r.number, r.conn, r.event, dissect(r.event, r.context)) for r in records if isinstance(r.event, Frame)]
+    conn_of = {m.number: m.conn for m in msgs}
+
+    def of(name: str, role: str) -> list[Msg]:
+        return [m for m in msgs if m.frame.name == name and m.frame.role == role]
+
+    reqs, answers, ends = of("DCP_STREAM_REQ", "request"), of("DCP_STREAM_REQ", "response"), of("DCP_STREAM_END", "request")
+    (rb,) = (m for m in answers if m.d.get("rollback_seqno") is not None)
+    (asked,) = (q for q in reqs if q.conn == rb.conn and q.frame.opaque == rb.frame.opaque and q.number < rb.number)
+    retry = next(q for q in reqs if q.conn == rb.conn and q.frame.vbucket == asked.frame.vbucket and q.number > rb.number)
+    ok = next(m for m in answers if m.conn == retry.conn and m.frame.opaque == retry.frame.opaque and m.number > retry.number)
+    end = next(m for m in ends if m.conn == retry.conn and m.frame.opaque == retry.frame.opaque and m.number > ok.number)
+    vb0 = tuple(q.number for q in reqs if q.frame.vbucket == 0)
+    facts = Failover(
+        path=path,
+        frames=len(records),
+        requests=tuple(q.number for q in reqs),
+        vb0_requests=vb0,
+        streams=len({(q.conn, q.frame.vbucket) for q in reqs}),
+        ends=tuple(m.number for m in ends),
+        request=asked.number,
+        resumed_at=asked.d.get("start_seqno"),
+        rollback=rb.number,
+        rollback_seqno=rb.d.get("rollback_seqno"),
+        retry=retry.number,
+        accepted=ok.number,
+        failover_log=tuple((e["vb_uuid"], e["vb_seqno"]) for e in ok.d.get("failover_log")),
+        end=end.number,
+        first_vb0=vb0[0],
+    )
+    # the capture's story as captures/README.md tells it: the facts above are that story's, not some other frames'
+    assert asked.frame.vbucket == 0 and conn_of[facts.first_vb0] != rb.conn
+    assert facts.resumed_at > facts.rollback_seqno > 0 and facts.retry == facts.rollback + 1
+    assert retry.d.get("start_seqno") == facts.rollback_seqno
+    assert len(facts.failover_log) == 2 and facts.failover_log[0][1] == facts.rollback_seqno
+    assert all(0 < uuid < 2**48 for uuid, _ in facts.failover_log)  # the simulator's uuids are 48-bit
+    return facts
+
+
+@pytest.fixture(scope="session")
+def failover() -> Failover:
+    """The facts of ``live-failover-branches.pcap`` the views' tests check the views against."""
+    return failover_facts()
 
 
 @pytest.fixture(scope="session")

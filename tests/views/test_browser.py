@@ -315,13 +315,13 @@ def point_on_stream_plot(selected: int) -> tuple[int, tuple[float, float]]:
 # --- the tests ------------------------------------------------------------------------------
 
 
-def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: Path) -> None:
+def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: Path, failover: Any) -> None:
     page = tab.page
     model = ExplorerModel.open(str(BRANCHES), timeline=False, page_size=20)
     first_page = [row_label(r) for r in model.page_rows()]
     model.set_filters(opcode="DCP_STREAM_REQ")
     requests = [row_label(r) for r in model.page_rows()]
-    frame = 47  # the rollback response
+    frame = failover.rollback  # the rollback response
     text, d = expected(BRANCHES, frame)
     assert d.title == "DCP_STREAM_REQ response"
     raw = d.frame.raw
@@ -329,7 +329,8 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     open_explorer(page, site.url + "explore.ipynb")
     wait_options(page, first_page)
     status = page.locator(f"{EXPLORER} .widget-html-content", has_text="frames;")
-    assert "66 frames" in status.inner_text() and "page 1/4" in status.inner_text()
+    pages = -(-failover.frames // 20)
+    assert f"{failover.frames} frames" in status.inner_text() and f"page 1/{pages}" in status.inner_text()
     assert dropdown(page, "opcode").input_value() == "any"  # ("any", None) is shown, not an empty box
 
     # a filter set in the browser reaches the kernel's model and comes back as the frame list
@@ -343,7 +344,8 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     # the text of the grid and the breakdown is exactly what render.annotate prints for the frame
     shown = pre.evaluate("e => e.textContent")
     assert shown == text
-    for needle in ("DCP_STREAM_REQ response", "Status       (6,7)  : 0x0023 (Rollback)", "0x000000000000000c", "| 0x81  ", "| 0x53  "):
+    rollback_to = f"0x{failover.rollback_seqno:016x}"
+    for needle in ("DCP_STREAM_REQ response", "Status       (6,7)  : 0x0023 (Rollback)", rollback_to, "| 0x81  ", "| 0x53  "):
         assert needle in shown
 
     # each grid cell carries its field's name and its byte; each breakdown row its field's value
@@ -387,7 +389,7 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     page.locator(f"{EXPLORER} .widget-html-content b", has_text=re.compile(f"^frame {target}$")).wait_for()
     assert pre.evaluate("e => e.textContent") == expected(BRANCHES, target)[0]
 
-    shot = tmp_path / "explorer-frame-47.png"
+    shot = tmp_path / f"explorer-frame-{frame}.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
     assert not tab.errors, tab.errors

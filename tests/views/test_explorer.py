@@ -30,17 +30,21 @@ def fresh(name: str = BRANCHES, **kw) -> ExplorerModel:
     return ExplorerModel.open(name, **kw)
 
 
-def test_filtering() -> None:
+def test_filtering(failover) -> None:
     m = fresh()
-    assert m.total == m.store.rows == 66
+    assert m.total == m.store.rows == failover.frames
     m.set_filters(vbucket=0, opcode="DCP_STREAM_REQ")
-    assert [r["frame"] for r in m.page_rows()] == [19, 33, 46, 48]
+    assert [r["frame"] for r in m.page_rows()] == list(failover.vb0_requests)
     m.set_filters(direction="s2c")
     assert m.total == 0  # the requests travel c2s
     m.clear_filters()
-    m.set_filters(stream=2)
-    assert set(r["frame"] for r in m.page_rows()) == set(m.stream_frames(2).tolist())
-    assert {46, 47, 48, 49, 66} <= {r["frame"] for r in m.page_rows()}
+    story = m.stream_of(failover.rollback)
+    assert story is not None
+    m.set_filters(stream=story)
+    shown = {r["frame"] for r in m.page_rows()}
+    assert shown == set(m.stream_frames(story).tolist())
+    assert {failover.request, failover.rollback, failover.retry, failover.accepted, failover.end} <= shown
+    assert failover.first_vb0 not in shown  # vbucket 0's first stream, on another connection
     m.clear_filters()
     m.set_filters(conn=1, direction="c2s")
     assert all(r["dir"] == "c2s" and r["conn_id"] == 1 for r in m.page_rows())
@@ -60,80 +64,87 @@ def test_key_search_and_problems() -> None:
     assert any(r["type"] == "gap" for r in rows)
 
 
-def test_paging() -> None:
+def test_paging(failover) -> None:
     m = fresh(page_size=10)
-    assert m.pages == 7
+    pages = -(-failover.frames // 10)
+    assert m.pages == pages and failover.frames % 10  # the last page is a short one
     first = [r["frame"] for r in m.page_rows()]
     m.next_page()
     second = [r["frame"] for r in m.page_rows()]
     assert first == list(range(1, 11)) and second == list(range(11, 21))
     m.goto_page(99)
-    assert m.page == 6 and len(m.page_rows()) == 6
+    assert m.page == pages - 1 and [r["frame"] for r in m.page_rows()] == list(range(10 * (pages - 1) + 1, failover.frames + 1))
     m.previous_page()
-    assert m.page == 5
+    assert m.page == pages - 2
     m.set_filters(vbucket=0)
     assert m.page == 0  # a filter change goes back to the first page
     df = m.page_df()
     assert list(df.columns) == list(PAGE_COLUMNS) and list(df["frame"]) == [r["frame"] for r in m.page_rows()]
 
 
-def test_selection_annotation() -> None:
+def test_selection_annotation(failover) -> None:
     m = fresh()
     seen: list[str] = []
     m.on_change(seen.append)
-    m.select(47)  # the rollback response
+    m.select(failover.rollback)
     assert seen == ["selection"]
     page = m.annotation_html()
     assert "DCP_STREAM_REQ response" in page and "0x0023 (Rollback)" in page
-    assert "0x000000000000000c" in page  # rollback to 12
-    assert m.stream_of(47) == 2 and m.stream_of(19) == 0 and m.stream_of(1) is None
+    assert f"0x{failover.rollback_seqno:016x}" in page  # the seqno to roll back to
+    story = m.stream_of(failover.rollback)
+    assert story is not None and m.timeline.streams[story].vbucket == 0
+    assert {m.stream_of(f) for f in (failover.request, failover.retry, failover.accepted, failover.end)} == {story}
+    first = m.stream_of(failover.first_vb0)
+    assert first is not None and first != story and m.timeline.streams[first].vbucket == 0
+    assert m.stream_of(1) is None  # the HELLO: no stream
     with pytest.raises(KeyError):
-        m.select(10_000)
+        m.select(failover.frames + 1)
     fig = m.stream_figure()
-    assert [a.get_gid() for a in fig.axes[0].get_children() if (a.get_gid() or "").startswith("stream:")] == ["stream:2"]
+    assert [a.get_gid() for a in fig.axes[0].get_children() if (a.get_gid() or "").startswith("stream:")] == [f"stream:{story}"]
     assert m.branch_figure() is not None
 
 
-def test_shown_pictures_follow_the_selected_stream() -> None:
+def test_shown_pictures_follow_the_selected_stream(failover) -> None:
     """The pictures beside the list are the model's: drawn once per stream and timeline, with the stream's key frames."""
     m = fresh()
-    m.select(46)
+    m.select(failover.request)
     shown = m.shown()
-    assert shown is not None and shown.key[0] == 2
+    assert shown is not None and shown.key[0] == m.stream_of(failover.rollback) is not None
     assert shown.png("stream")[:4] == b"\x89PNG" and shown.png("branch")[:4] == b"\x89PNG"
     assert shown.png("stream") is shown.png("stream")  # rendered once
-    assert shown.jumps == key_frames(m.timeline.streams[2])
+    assert shown.jumps == key_frames(m.timeline.streams[shown.key[0]])
     assert [f for _l, f in shown.jumps] == sorted({f for _l, f in shown.jumps})
-    assert {46, 47, 48, 49} <= {f for _l, f in shown.jumps}  # the requests and their answers
-    m.select(49)  # the same stream: the same pictures
+    # the requests and their answers, and the end
+    assert {failover.request, failover.rollback, failover.retry, failover.accepted, failover.end} <= {f for _l, f in shown.jumps}
+    m.select(failover.accepted)  # the same stream: the same pictures
     assert m.shown() is shown
-    m.select(19)  # another stream
-    assert m.shown() is not shown and m.shown().key[0] == 0
+    m.select(failover.first_vb0)  # another stream
+    assert m.shown() is not shown and m.shown().key[0] == m.stream_of(failover.first_vb0) != shown.key[0]
 
 
-def test_dataframe_source_refetches_bytes() -> None:
+def test_dataframe_source_refetches_bytes(failover) -> None:
     df = frames_df([BRANCHES])
     m = ExplorerModel.open(df)
-    assert m.total == 66
-    m.select(47)
+    assert m.total == failover.frames
+    m.select(failover.rollback)
     assert "0x0023 (Rollback)" in m.annotation_html()
-    assert m.timeline is not None and len(m.timeline.streams) == 3
+    assert m.timeline is not None and len(m.timeline.streams) == failover.streams
 
 
-def test_pick_selects() -> None:
+def test_pick_selects(failover) -> None:
     m = fresh()
     fig = m.stream_figure()
     rb = next(a for a in fig.axes[0].get_children() if a.get_gid() == "rollbacks")
-    assert m.select_pick(SimpleNamespace(artist=rb, ind=[0])) == 47
-    assert m.selected == 47
+    assert m.select_pick(SimpleNamespace(artist=rb, ind=[0])) == failover.rollback
+    assert m.selected == failover.rollback
 
 
-def test_static_fallbacks() -> None:
+def test_static_fallbacks(failover) -> None:
     m = fresh()
-    m.select(19)
+    m.select(failover.first_vb0)
     page = m._repr_html_()
-    assert "<table" in page and "DCP_STREAM_REQ" in page and "frame 19" in page
-    assert "66 frames" in m.text()
+    assert "<table" in page and "DCP_STREAM_REQ" in page and f"frame {failover.first_vb0}" in page
+    assert f"{failover.frames} frames" in m.text()
 
 
 # --- loading in the background ------------------------------------------------------
@@ -149,14 +160,14 @@ def _same_breakdown(m: ExplorerModel, frame: int) -> None:
     assert re.sub(r"dcpi\d+", "ID", m.annotation_html()) == re.sub(r"dcpi\d+", "ID", html)  # ids are per rendering
 
 
-def test_background_load_shows_the_first_chunk_then_the_rest(manual) -> None:
+def test_background_load_shows_the_first_chunk_then_the_rest(manual, failover) -> None:
     """The first chunk is read at once and paged; the rest waits for the runner (here: run by hand, no thread)."""
     m = ExplorerModel(runner=manual, page_size=5)
     heard: list[tuple[str, int, bool]] = []
     m.on_change(lambda what: heard.append((what, m.store.rows, m.loading)))
     m.load([BRANCHES], background=True, rows=10)
     chunks = [len(c.events) for c in read_chunks([BRANCHES], rows=10)]
-    assert len(chunks) > 2 and sum(chunks) == 66
+    assert len(chunks) > 2 and sum(chunks) == failover.frames
     assert m.loading and m.store.rows == chunks[0] and len(manual.jobs) == 1
     assert [r["frame"] for r in m.page_rows()] == [1, 2, 3, 4, 5]
     assert "(loading...)" in m.summary() and not m.runner.join() and not heard
@@ -164,11 +175,11 @@ def test_background_load_shows_the_first_chunk_then_the_rest(manual) -> None:
     assert not m.loading and m.error is None and "(loading...)" not in m.summary()
     # a chunk at a time, then the end
     so_far = list(itertools.accumulate(chunks))
-    assert heard == [*(("rows", n, True) for n in so_far[1:]), ("rows", 66, False)]
+    assert heard == [*(("rows", n, True) for n in so_far[1:]), ("rows", failover.frames, False)]
     assert m.store.table.equals(frames_table([BRANCHES]))
 
 
-def test_background_load_in_a_thread() -> None:
+def test_background_load_in_a_thread(failover) -> None:
     """A real thread: wait for the model to say it finished, then check what it holds against the table and the timeline."""
     finished = threading.Event()
     m = ExplorerModel()
@@ -177,11 +188,11 @@ def test_background_load_in_a_thread() -> None:
     assert finished.wait(WAIT)
     assert m.wait(WAIT) is m and m.error is None
     assert m.store.table.equals(frames_table([BRANCHES]))
-    assert m.total == 66 and [r["frame"] for r in m.page_rows()] == list(range(1, 51))
+    assert m.total == failover.frames and [r["frame"] for r in m.page_rows()] == list(range(1, 51))
     t = build_timeline(read_records([BRANCHES]))
     assert [s.as_dict() for s in m.timeline.streams] == [s.as_dict() for s in t.streams]
-    m.select(47)
-    _same_breakdown(m, 47)
+    m.select(failover.rollback)
+    _same_breakdown(m, failover.rollback)
     assert "0x0023 (Rollback)" in m.annotation_html()
 
 

@@ -41,7 +41,7 @@ def test_no_pyplot() -> None:
         assert "pyplot" not in src.replace("never pyplot", "").replace("no pyplot", "").replace("without pyplot", "")
 
 
-def test_seqnos_failover_branches() -> None:
+def test_seqnos_failover_branches(failover) -> None:
     t = timeline("live-failover-branches.pcap")
     fig = plots.plot_seqnos(t)
     assert isinstance(fig, Figure)
@@ -49,14 +49,17 @@ def test_seqnos_failover_branches() -> None:
     assert sorted(a.get_gid() for a in by_gid(fig, "stream:")) == sorted(f"stream:{i}" for i in with_items)
     assert len(by_gid(fig, "snapshots:")) == len([s for s in t.streams if s.snapshots])
     (req,) = by_gid(fig, "requests")
-    assert points(req) == sum(len(s.attempts) for s in t.streams) == 4
+    assert points(req) == sum(len(s.attempts) for s in t.streams) == len(failover.requests)
+    assert sorted(plots.frames_of(req)) == list(failover.requests)
     (rb,) = by_gid(fig, "rollbacks")
     rollbacks = [a for s in t.streams for a in s.attempts if a.outcome == "rollback"]
     assert points(rb) == len(rollbacks) == 1
-    assert rb.get_offsets()[0][1] == 12  # at the rollback seqno
+    assert list(plots.frames_of(rb)) == [failover.rollback]
+    assert rb.get_offsets()[0][1] == failover.rollback_seqno  # at the rollback seqno
     (ends,) = by_gid(fig, "ends")
-    assert points(ends) == 3
+    assert points(ends) == len(failover.ends) == len(t.streams)
     assert list(plots.frames_of(ends)) == [s.end["frame"] for s in t.streams]
+    assert sorted(plots.frames_of(ends)) == list(failover.ends)
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() == "seqno"
 
@@ -101,19 +104,29 @@ def test_uint64_max_is_labelled_max() -> None:
     assert max(fig.axes[0].get_ylim()) < 1e10  # the axis is not stretched to 2^64
 
 
-def test_branches() -> None:
+def test_branches(failover) -> None:
     t = timeline("live-failover-branches.pcap")
     fig = plots.plot_branches(t, 0)
-    assert len(by_gid(fig, "branch:")) == len(t.branches[0]) == 3
+    # vbucket 0's two branches: the one it was streamed on from 0, and the new active node's, forked at the rollback seqno
+    assert len(by_gid(fig, "branch:")) == len(t.branches[0]) == len(failover.failover_log) == 2
     (resume,) = by_gid(fig, "resume:0")
-    assert points(resume) == 4
+    assert points(resume) == len(failover.vb0_requests)
+    assert sorted(x for x, _y in resume.get_offsets()) == sorted([0, failover.resumed_at, failover.rollback_seqno])
     (target,) = by_gid(fig, "rollback-target:0")
-    assert points(target) == 1 and target.get_offsets()[0][0] == 12
+    assert points(target) == 1 and target.get_offsets()[0][0] == failover.rollback_seqno
+    # a lane per failover-log entry, oldest first, named by its uuid and where it starts
     labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
-    assert any(lab.startswith("0xea7b5bf55eb561a5") for lab in labels)
-    # the resume at 15 on the branch that forked at 12: 12..15 was lost in the failover
+    oldest_first = sorted(failover.failover_log, key=lambda e: e[1])
+    assert [lab.split()[0] for lab in labels] == [f"0x{uuid:x}" for uuid, _seqno in oldest_first]
+    assert all(lab.endswith(f"@ {seqno}") for lab, (_uuid, seqno) in zip(labels, oldest_first, strict=True))
+    # the resume at 15 on the old branch, which the new one forked from at 12: 12..15 was lost in the failover
     (lost,) = by_gid(fig, "lost:")
-    assert list(lost.get_xdata()) == [12, 15]
+    assert lost.get_gid() == f"lost:{oldest_first[0][0]:x}"
+    assert list(lost.get_xdata()) == [failover.rollback_seqno, failover.resumed_at] == [12, 15]
+    # vbucket 1 failed over with nothing lost: two branches, no rollback, no lost segment
+    one = plots.plot_branches(t, 1)
+    assert len(by_gid(one, "branch:")) == len(t.branches[1]) == 2
+    assert not by_gid(one, "lost:") and not by_gid(one, "rollback-target:")
     # every vbucket, one axes each
     t4 = timeline("live-plain.pcap")
     assert len(plots.plot_branches(t4).axes) == 4

@@ -14,6 +14,7 @@ import pytest
 from paths import CAPTURES
 
 import dcpinspect
+from dcpinspect.capture.read import read_records
 from dcpinspect.live.tap import LiveCapture
 from dcpinspect.tables.export import frames_df
 from dcpinspect.views.explorer import PNG_DPI, ExplorerModel
@@ -36,7 +37,7 @@ def test_models_import_no_widgets() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
-def test_explorer_view_reacts() -> None:
+def test_explorer_view_reacts(failover) -> None:
     from dcpinspect.views.widgets import ExplorerView
 
     m = fresh(page_size=20)
@@ -44,12 +45,12 @@ def test_explorer_view_reacts() -> None:
     assert len(v.frames.options) == 20
     v.vbucket.value = 0
     v.opcode.value = "DCP_STREAM_REQ"
-    assert m.filters.vbucket == 0 and [f for _l, f in v.frames.options] == [19, 33, 46, 48]
-    v.frames.value = 46
-    assert m.selected == 46 and "frame 46" in v.annotation.value
+    assert m.filters.vbucket == 0 and [f for _l, f in v.frames.options] == list(failover.vb0_requests)
+    v.frames.value = failover.request
+    assert m.selected == failover.request and f"frame {failover.request}" in v.annotation.value
     assert v.stream_img.value[:4] == b"\x89PNG" and len(v.jump.options) > 3
-    v.jump.value = 47
-    assert m.selected == 47 and "Rollback" in v.annotation.value
+    v.jump.value = failover.rollback  # not in the filtered list: reached through the stream's key frames
+    assert m.selected == failover.rollback and "Rollback" in v.annotation.value
     m.clear_filters()
     assert v.vbucket.value is None or m.filters.vbucket is None
     v.next_btn.click()
@@ -58,7 +59,7 @@ def test_explorer_view_reacts() -> None:
     assert "application/vnd.jupyter.widget-view+json" in bundle and "<table" in bundle["text/html"]
 
 
-def test_views_hold_no_state_of_their_own() -> None:
+def test_views_hold_no_state_of_their_own(failover) -> None:
     """Two views of one model show the same thing whichever is used: the state is the model's."""
     from dcpinspect.views.widgets import ExplorerView, StepperView
 
@@ -66,11 +67,11 @@ def test_views_hold_no_state_of_their_own() -> None:
     a, b = ExplorerView(m), ExplorerView(m)
     a.vbucket.value = 0
     b.opcode.value = "DCP_STREAM_REQ"  # set in the other view
-    a.frames.value = 46
-    b.jump.value = 47
+    a.frames.value = failover.request
+    b.jump.value = failover.rollback
     for v in (a, b):
-        assert v.vbucket.value == 0 and v.opcode.value == "DCP_STREAM_REQ" and v.model.selected == 47
-        assert "frame 47" in v.annotation.value
+        assert v.vbucket.value == 0 and v.opcode.value == "DCP_STREAM_REQ" and v.model.selected == failover.rollback
+        assert f"frame {failover.rollback}" in v.annotation.value
         assert [f for _l, f in v.frames.options] == [r["frame"] for r in m.page_rows()]
         assert v.stream_img.value == m.shown().png("stream") and v.branch_img.value == m.shown().png("branch")
         assert [f for _l, f in v.jump.options[1:]] == [f for _l, f in m.shown().jumps]
@@ -86,13 +87,13 @@ def test_views_hold_no_state_of_their_own() -> None:
     assert s.position == 2 and sa.slider.value == sb.slider.value == 2 and sa.header.value == sb.header.value
 
 
-def test_explore_entry_points(live_session) -> None:
+def test_explore_entry_points(live_session, failover) -> None:
     v = dcpinspect.explore(BRANCHES, plots=False)
-    assert v.model.store.rows == 66
+    assert v.model.store.rows == failover.frames
     v2 = dcpinspect.explore([BRANCHES])
-    assert v2.model.total == 66
+    assert v2.model.total == failover.frames
     v3 = dcpinspect.explore(frames_df([BRANCHES]))
-    assert v3.model.total == 66
+    assert v3.model.total == failover.frames
     cap = LiveCapture()
     v4 = dcpinspect.explore(cap)
     live_session(cap)
@@ -101,17 +102,19 @@ def test_explore_entry_points(live_session) -> None:
 
 
 def test_stepper_view() -> None:
-    v = dcpinspect.stepper(str(CAPTURES / "live-rollback-retry.pcap"))
+    path = str(CAPTURES / "live-rollback-retry.pcap")
+    v = dcpinspect.stepper(path)
     v.next_btn.click()
     assert v.model.position == 1 and v.slider.value == 1
     v.slider.value = 20
-    assert v.model.position == 20 and "step 21/38" in v.header.value
+    frames = sum(1 for _ in read_records([path]))  # a step per frame
+    assert v.model.position == 20 and f"step 21/{frames}" in v.header.value and frames > 21
     v.speed.value = 8
     assert v.play.interval == 125
     assert "text/html" in v._repr_mimebundle_()
 
 
-def test_explorer_view_in_a_browser_front_end() -> None:
+def test_explorer_view_in_a_browser_front_end(failover) -> None:
     """What tests/views/test_browser.py found: state the front end renders, not only the Python values."""
     from dcpinspect.views.widgets import ExplorerView
 
@@ -121,7 +124,7 @@ def test_explorer_view_in_a_browser_front_end() -> None:
     assert all(d.value is None and d.index == 0 and d.label == "any" for d in filters)
     v.vbucket.value = 0
     v.opcode.value = "DCP_STREAM_REQ"
-    v.frames.value = 46  # a new stream: the jump list is rebuilt
+    v.frames.value = failover.request  # a new stream: the jump list is rebuilt
     assert v.jump.value is None and v.jump.index == 0
     v.vbucket.index = 0  # "any" picked in the browser
     assert v.model.filters.vbucket is None and v.vbucket.index == 0
@@ -130,7 +133,7 @@ def test_explorer_view_in_a_browser_front_end() -> None:
     v2 = ExplorerView(fresh(str(CAPTURES / "live-plain.pcap")), plots=False)
     assert v2.stream_img.layout.display == "none" and v2.branch_img.layout.display == "none"
     # the grid lines up only in a fixed-width font on unwrapped lines (JupyterLab's output CSS gives pre neither)
-    v.frames.value = 47
+    v.frames.value = failover.rollback
     assert "font-family:var(--jp-code-font-family,monospace);white-space:pre;" in v.annotation.value
 
 
@@ -165,7 +168,7 @@ def test_wire_text_is_escaped(evil_capture: str) -> None:
     assert EVIL in m.text()  # plain text keeps it as text
 
 
-def test_a_click_on_a_plot_selects_its_frame() -> None:
+def test_a_click_on_a_plot_selects_its_frame(failover) -> None:
     """The browser sends the click's pixel on the PNG (FigureImage.click); the model hit-tests the figure it drew."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -173,7 +176,7 @@ def test_a_click_on_a_plot_selects_its_frame() -> None:
     from dcpinspect.views.widgets import ExplorerView
 
     v = ExplorerView(fresh(page_size=20))
-    v.model.select(46)
+    v.model.select(failover.request)
     fig = v.model.shown().figures["stream"]
     req = next(a for a in fig.findobj(lambda a: a.get_gid() == "rollbacks"))
     fig.set_dpi(PNG_DPI)
@@ -181,7 +184,7 @@ def test_a_click_on_a_plot_selects_its_frame() -> None:
     canvas.draw()
     ((x, y),) = req.get_offset_transform().transform(req.get_offsets())
     target = int(plots.frames_of(req)[0])
-    assert target != 46
+    assert target == failover.rollback != failover.request  # the rollback point is its answer's frame
     v.stream_img.click = [float(x), float(canvas.get_width_height()[1] - y), 1]
     assert v.model.selected == target and f"frame {target}" in v.annotation.value
     v.stream_img.click = [1.0, 1.0, 2]  # on nothing: the selection stays
@@ -207,9 +210,9 @@ def test_explore_and_step_a_capture_with_times_out_of_range(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_the_theme_is_passed_to_the_model(theme: str) -> None:
+def test_the_theme_is_passed_to_the_model(theme: str, failover) -> None:
     from dcpinspect.views.widgets import ExplorerView
 
     v = ExplorerView(fresh(), theme=theme)
-    v.model.select(46)
+    v.model.select(failover.request)
     assert v.model.shown(theme=theme).key[-1] == theme and v.stream_img.value == v.model.shown(theme=theme).png("stream")
