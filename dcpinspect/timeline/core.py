@@ -27,6 +27,7 @@ from .transitions import TRANSITIONS, Input, step
 
 __all__ = [
     "ALT_REQUEST",
+    "MAX_CONN_SNAPSHOT_KEYS",
     "MAX_FRAMES",
     "MAX_PENDING",
     "MAX_SHARED",
@@ -46,6 +47,7 @@ MAX_FRAMES = 1000  # frame numbers kept per (merged) anomaly
 MAX_PENDING = 4096  # opaques with requests awaiting an answer kept per connection (the oldest are forgotten)
 MAX_SHARED = 64  # requests awaiting an answer kept per opaque (pipelined requests sharing one; the oldest are forgotten)
 MAX_SNAPSHOT_KEYS = 1 << 16  # keys remembered per snapshot for the dedup check (beyond: not checked further)
+MAX_CONN_SNAPSHOT_KEYS = 1 << 20  # the same for all the streams of a connection together (memory stays bounded)
 MAX_STREAM_REQUESTS = 1 << 17  # the same for STREAM_REQ / CLOSE_STREAM: one per vbucket (2^16) at once, and then some
 ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)  # the magic whose frames may carry a stream id
 OTHER = {"c2s": "s2c", "s2c": "c2s"}  # the direction an answer travels
@@ -71,6 +73,7 @@ class Conn:
     draining: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
     # id(stream) -> (its snapshot index, key -> frame of the keys delivered in that snapshot): the dedup check
     snapshot_keys: dict[int, tuple[int, dict[Any, int]]] = field(default_factory=dict)
+    snapshot_key_count: int = 0  # keys held in snapshot_keys, all streams together
     stream_ids: bool = False
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer

@@ -19,7 +19,19 @@ from ..protocol import spec
 from ..protocol.enums import MarkerVersion, Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
 from ..protocol.rules import DUPLICATES_ALLOWED, KEY_SPACES, MAX_SEQNO, STREAM_ID_MESSAGES, flow_control_size
 from ..protocol.session import ITEMS, SEQNO_FIELD, STREAM_MESSAGES, SYNC_WRITES
-from .core import ALT_REQUEST, MAX_SNAPSHOT_KEYS, MAX_STREAM_REQUESTS, OTHER, BuilderCore, Conn, Header, name_of, requested_frames
+from .core import (
+    ALT_REQUEST,
+    MAX_CONN_SNAPSHOT_KEYS,
+    MAX_SHARED,
+    MAX_SNAPSHOT_KEYS,
+    MAX_STREAM_REQUESTS,
+    OTHER,
+    BuilderCore,
+    Conn,
+    Header,
+    name_of,
+    requested_frames,
+)
 from .model import Anomaly, Attempt, FlowSample, Item, Snapshot, Stream, StreamState
 from .model import AnomalyKind as K
 from .rollback import failover_log, rollback_loop
@@ -83,7 +95,7 @@ class StreamHandlers(BuilderCore):
             if len(c.stream_pending) > MAX_STREAM_REQUESTS:
                 del c.stream_pending[next(iter(c.stream_pending))]
         queue.append((h[1], rec.number, s))
-        if len(queue) > MAX_STREAM_REQUESTS:
+        if len(queue) > MAX_SHARED:
             del queue[0]
 
     def _attempt(self, c: Conn, rec: Record, h: Header) -> Stream | None:
@@ -252,7 +264,7 @@ class StreamHandlers(BuilderCore):
         key = (s.vbucket, s.stream_id)
         if c.draining.get(key) is s:
             del c.draining[key]
-        c.snapshot_keys.pop(id(s), None)
+        self._forget_keys(c, s)
 
     def _oso(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         flags = self._dissect(rec).extras.get("flags", 0)
@@ -291,7 +303,7 @@ class StreamHandlers(BuilderCore):
             self._history.purge[s.vbucket] = (n, snap.purge_seqno)
         s.snapshots.append(snap)
         s.oso = s.oso_ended = False
-        c.snapshot_keys.pop(id(s), None)
+        self._forget_keys(c, s)
 
     def _item(
         self,
@@ -362,6 +374,7 @@ class StreamHandlers(BuilderCore):
         """
         seen = c.snapshot_keys.get(id(s))
         if seen is None or seen[0] != idx:
+            self._forget_keys(c, s)
             seen = c.snapshot_keys[id(s)] = (idx, {})
         keys = seen[1]
         raw: bytes = rec.event[1]  # type: ignore[index]
@@ -374,8 +387,16 @@ class StreamHandlers(BuilderCore):
             text = _key_text(key[1], bool(c.state.context.collections))
             msg = f"key {text} delivered twice in snapshot {snap.start}-{snap.end} (flags 0x{snap.flags:02x}: no duplicates allowed)"
             self._anomaly(c, K.DUPLICATE_KEY, [first, rec.number], msg, s)
-        elif len(keys) < MAX_SNAPSHOT_KEYS:
+        elif len(keys) < MAX_SNAPSHOT_KEYS and c.snapshot_key_count < MAX_CONN_SNAPSHOT_KEYS:
             keys[key] = rec.number
+            c.snapshot_key_count += 1
+
+    @staticmethod
+    def _forget_keys(c: Conn, s: Stream) -> None:
+        """The stream's snapshot is over (a new marker, its end): its keys leave the dedup check."""
+        seen = c.snapshot_keys.pop(id(s), None)
+        if seen is not None:
+            c.snapshot_key_count -= len(seen[1])
 
     def _nothing_more(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         """A stream message that changes nothing the timeline follows beyond its stream's state (set-vbucket-state, cache transfer)."""

@@ -23,6 +23,7 @@ from dcpinspect.protocol.enums import Feature, SnapshotFlag, StreamEndStatus, St
 from dcpinspect.protocol.rules import MAX_SEQNO, flow_control_size, rollback_decision
 from dcpinspect.protocol.session import STREAM_END_NORMAL, STREAM_END_REREQUEST
 from dcpinspect.timeline import Timeline, build_timeline
+from dcpinspect.timeline import streams as timeline_streams
 from dcpinspect.wire.events import Frame
 
 T0 = 1_700_000_000_000_000_000
@@ -490,6 +491,32 @@ def test_a_key_twice_in_a_snapshot_is_a_dedup_violation() -> None:
 def test_twin_duplicates_where_the_marker_allows_them(flags: int) -> None:
     conv = [*OPEN, ("c2s", req()), ("s2c", ok()), ("s2c", marker(1, 5, flags)), ("s2c", mut(2, "a")), ("s2c", mut(4, "a"))]
     assert kinds(timeline(conv)) == []
+
+
+def test_the_dedup_check_holds_a_bounded_number_of_keys_per_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys remembered for the check are bounded for all streams together; a snapshot that ends gives its budget back."""
+    monkeypatch.setattr(timeline_streams, "MAX_CONN_SNAPSHOT_KEYS", 6)
+
+    def m(vb: int, seqno: int, key: str) -> tuple[str, bytes]:
+        extras = {"by_seqno": seqno, "rev_seqno": 1}
+        return ("s2c", encode("DCP_MUTATION", extras=extras, key=key, value=b"v", vbucket=vb, opaque=0x10 + vb, cas=seqno))
+
+    conv: Conv = [*OPEN]
+    for vb in (0, 1):
+        conv += [("c2s", req(vb, opaque=0x10 + vb)), ("s2c", ok(opaque=0x10 + vb))]
+        snap = {"start_seqno": 1, "end_seqno": 4 if vb == 0 else 99, "flags": DISK}
+        conv += [("s2c", encode("DCP_SNAPSHOT_MARKER", extras=snap, vbucket=vb, opaque=0x10 + vb))]
+    for seqno in range(1, 5):  # vb 0 holds 4 keys, vb 1 gets the 2 left
+        conv += [m(0, seqno, f"a{seqno}"), m(1, seqno, f"b{seqno}")]
+    conv += [m(1, 5, "b4")]  # b4 was not remembered: not checked
+    conv += [m(1, 6, "b1")]  # b1 was: flagged
+    t = timeline(conv)
+    assert [(a.kind, a.message.split(" delivered")[0]) for a in t.anomalies] == [("key twice in snapshot", "key 'b1'")]
+    # vb 0's snapshot ends (a new marker): its 4 keys make room, so vb 1's next keys are remembered again
+    conv += [("s2c", encode("DCP_SNAPSHOT_MARKER", extras={"start_seqno": 5, "end_seqno": 9, "flags": MEM}, vbucket=0, opaque=0x10))]
+    conv += [m(1, 7, "b7"), m(1, 8, "b7")]
+    (dup,) = timeline(conv).anomalies  # repeats on a stream merge into one anomaly with all their frames
+    assert dup.kind == "key twice in snapshot" and dup.frames[-2:] == [len(conv) - 1, len(conv)]
 
 
 def test_keys_in_other_snapshots_collections_and_namespaces_are_not_duplicates() -> None:
