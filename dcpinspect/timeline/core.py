@@ -31,7 +31,6 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_PENDING",
     "MAX_SHARED",
-    "MAX_SNAPSHOT_KEYS",
     "MAX_STREAM_REQUESTS",
     "OTHER",
     "BuilderCore",
@@ -46,8 +45,7 @@ __all__ = [
 MAX_FRAMES = 1000  # frame numbers kept per (merged) anomaly
 MAX_PENDING = 4096  # opaques with requests awaiting an answer kept per connection (the oldest are forgotten)
 MAX_SHARED = 64  # requests awaiting an answer kept per opaque (pipelined requests sharing one; the oldest are forgotten)
-MAX_SNAPSHOT_KEYS = 1 << 16  # keys remembered per snapshot for the dedup check (beyond: not checked further)
-MAX_CONN_SNAPSHOT_KEYS = 1 << 20  # the same for all the streams of a connection together (memory stays bounded)
+MAX_CONN_SNAPSHOT_KEYS = 1 << 20  # keys remembered for the dedup check, all streams of a connection together (beyond: not checked)
 MAX_STREAM_REQUESTS = 1 << 17  # the same for STREAM_REQ / CLOSE_STREAM: one per vbucket (2^16) at once, and then some
 ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)  # the magic whose frames may carry a stream id
 OTHER = {"c2s": "s2c", "s2c": "c2s"}  # the direction an answer travels
@@ -71,9 +69,8 @@ class Conn:
     # (vbucket, stream id) -> the closed segment a new request replaces: it still takes what the producer had queued
     # (and its STREAM_END(Closed)) until the new request is answered
     draining: dict[tuple[int, int | None], Stream] = field(default_factory=dict)
-    # id(stream) -> (its snapshot index, key -> frame of the keys delivered in that snapshot): the dedup check
-    snapshot_keys: dict[int, tuple[int, dict[Any, int]]] = field(default_factory=dict)
-    snapshot_key_count: int = 0  # keys held in snapshot_keys, all streams together
+    # keys the dedup check may still remember (each stream's current snapshot holds its own, Snapshot.keys)
+    key_room: int = field(default_factory=lambda: MAX_CONN_SNAPSHOT_KEYS)
     stream_ids: bool = False
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer

@@ -180,6 +180,14 @@ class Snapshot:
     last_seqno: int | None = None
     last_frame: int | None = None
     complete: bool = False
+    #: the keys delivered so far while this is a stream's current snapshot (the builder's dedup check; not kept)
+    keys: dict[Any, int] | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without :attr:`keys` (a timeline part shipped between processes carries no working state)."""
+        state = dict(self.__dict__)
+        state.pop("keys", None)
+        return state
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -16,14 +16,12 @@ from collections.abc import Callable, Mapping
 
 from ..flows.records import Record
 from ..protocol import spec
-from ..protocol.enums import MarkerVersion, Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
+from ..protocol.enums import Magic, MarkerVersion, Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
 from ..protocol.rules import DUPLICATES_ALLOWED, KEY_SPACES, MAX_SEQNO, STREAM_ID_MESSAGES, flow_control_size
 from ..protocol.session import ITEMS, SEQNO_FIELD, STREAM_MESSAGES, SYNC_WRITES
 from .core import (
     ALT_REQUEST,
-    MAX_CONN_SNAPSHOT_KEYS,
     MAX_SHARED,
-    MAX_SNAPSHOT_KEYS,
     MAX_STREAM_REQUESTS,
     OTHER,
     BuilderCore,
@@ -58,17 +56,37 @@ _HISTORY = int(SnapshotFlag.HISTORY)
 _TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
 
 
-def _item_layouts() -> dict[int, tuple[struct.Struct, int]]:
-    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno) for the item messages."""
-    out: dict[int, tuple[struct.Struct, int]] = {}
+def flow_charges() -> dict[int, tuple[int, int]]:
+    """Stream message opcode -> (a, b): the rule (:func:`~dcpinspect.protocol.rules.flow_control_size`) charges a*length + b.
+
+    Tabulated once from the rule itself, so the hot loop needs no call per message;
+    a test checks the table against the rule for every opcode and length.
+    """
+    request = int(Magic.CLIENT_REQUEST)  # the alt request magic is charged the same
+    out = {}
+    for op in STREAM_MESSAGES:
+        b = flow_control_size(request, op, 0)
+        out[op] = (flow_control_size(request, op, 1) - b, b)
+    return out
+
+
+_FLOW = flow_charges()
+
+
+def _item_layouts() -> dict[int, tuple[struct.Struct, int, int | None]]:
+    """Opcode << 8 | extras length -> (the table's extras struct, index of the seqno, key space) for the item messages.
+
+    The key space is :data:`~dcpinspect.protocol.rules.KEY_SPACES`'s (``None``: not checked for duplicates).
+    """
+    out: dict[int, tuple[struct.Struct, int, int | None]] = {}
     for op, name in SEQNO_FIELD.items():
         for v in spec.COMMANDS[op].request:
             if v.extras_struct is None or name not in v.extras_names:
                 continue
-            entry = (v.extras_struct, v.extras_names.index(name))
+            entry = (v.extras_struct, v.extras_names.index(name), KEY_SPACES.get(op))
             key = op << 8 | v.extras_len
             if out.get(key, entry)[1] != entry[1]:  # two layouts of one length disagree: dissect those
-                out[key] = (v.extras_struct, -1)
+                out[key] = (v.extras_struct, -1, None)
             else:
                 out.setdefault(key, entry)
     return {k: v for k, v in out.items() if v[1] >= 0}
@@ -154,7 +172,7 @@ class StreamHandlers(BuilderCore):
         rec: Record,
         h: Header,
         _alt: int = ALT_REQUEST,
-        _size: Callable[[int, int, int], int] = flow_control_size,
+        _flow: Mapping[int, tuple[int, int]] = _FLOW,
         _takes: frozenset[StreamState] = _TAKES_DATA,
         _end: int = _STREAM_END,
         _sample: type[FlowSample] = FlowSample,
@@ -192,7 +210,8 @@ class StreamHandlers(BuilderCore):
             s = c.draining.get((vb, sid), s)
         buf = info.buffer_size
         if buf:  # flow control: the message's size charged against the buffer, by the rule
-            size = _size(h[0], op, len(rec.event[1]))  # type: ignore[index]
+            a, b = _flow[op]
+            size = a * len(rec.event[1]) + b  # type: ignore[index]
             if c.over_acks:
                 self._over_acked(c, rec, size)
             if c.outstanding >= buf:
@@ -264,7 +283,8 @@ class StreamHandlers(BuilderCore):
         key = (s.vbucket, s.stream_id)
         if c.draining.get(key) is s:
             del c.draining[key]
-        self._forget_keys(c, s)
+        if s.snapshots:
+            self._forget_keys(c, s.snapshots[-1])
 
     def _oso(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         flags = self._dissect(rec).extras.get("flags", 0)
@@ -301,9 +321,10 @@ class StreamHandlers(BuilderCore):
         snap.high_prepared = b.get("high_prepared_seqno")
         if isinstance(snap.purge_seqno, int):
             self._history.purge[s.vbucket] = (n, snap.purge_seqno)
+        if prev is not None:
+            self._forget_keys(c, prev)
         s.snapshots.append(snap)
         s.oso = s.oso_ended = False
-        self._forget_keys(c, s)
 
     def _item(
         self,
@@ -311,20 +332,23 @@ class StreamHandlers(BuilderCore):
         rec: Record,
         h: Header,
         s: Stream,
-        _layouts: Mapping[int, tuple[struct.Struct, int]] = _ITEM_LAYOUTS,
+        _layouts: Mapping[int, tuple[struct.Struct, int, int | None]] = _ITEM_LAYOUTS,
         _alt: int = ALT_REQUEST,
         _hsize: int = _HEADER_SIZE,
         _new: type[Item] = Item,
         _spaces: Mapping[int, int] = KEY_SPACES,
+        _dups: int = DUPLICATES_ALLOWED,
     ) -> None:
         n, op = rec.number, h[1]
         layout = _layouts.get(op << 8 | h[3])
         seqno: int | None
         if layout is not None:  # the table's struct for this layout, read in place (the common case)
             seqno = layout[0].unpack_from(rec.event[1], _hsize + (h[2] >> 8 if h[0] == _alt else 0))[layout[1]]  # type: ignore[index]
+            space = layout[2]
         else:
             value = self._dissect(rec).extras.get(SEQNO_FIELD.get(op, ""))
             seqno = value if isinstance(value, int) else None
+            space = _spaces.get(op)
         snaps = s.snapshots
         idx = len(snaps) - 1
         s.items.append(_new(n, rec.ts, op, seqno, idx))
@@ -345,9 +369,28 @@ class StreamHandlers(BuilderCore):
             snap.last_frame = n
             if seqno >= snap.end:
                 snap.complete = True
-            space = _spaces.get(op)
-            if space is not None and not oso and not snap.flags & DUPLICATES_ALLOWED:
-                self._dedup(c, rec, h, s, idx, space)
+            if space is not None and not oso and not snap.flags & _dups:  # the dedup check
+                keys = snap.keys
+                if keys is None:
+                    keys = snap.keys = {}
+                raw: bytes = rec.event[1]  # type: ignore[index]
+                kl = h[2]
+                if h[0] == _alt:
+                    start = _hsize + (kl >> 8) + h[3]
+                    key = raw[start : start + (kl & 0xFF)]
+                else:
+                    start = _hsize + h[3]
+                    key = raw[start : start + kl]
+                if space:
+                    key = (space, key)  # type: ignore[assignment]  # prepares and aborts: a key space of their own
+                if c.key_room:
+                    first = keys.setdefault(key, n)
+                    if first == n:
+                        c.key_room -= 1
+                    else:
+                        self._duplicate(c, s, idx, key, first, n)
+                elif key in keys:
+                    self._duplicate(c, s, idx, key, keys[key], n)
         elif s.attempts and not oso and not (op == _SEQNO_ADVANCED and s.oso_ended):
             # mid-way streams may start anywhere; OSO items (and a SEQNO_ADVANCED after them) have no marker
             self._anomaly(c, K.ITEM_BEFORE_MARKER, [n], f"{name_of(op)} seqno {seqno} before any snapshot marker", s)
@@ -365,38 +408,24 @@ class StreamHandlers(BuilderCore):
                 msg += f" and the snapshot {snaps[idx].start}-{snaps[idx].end} that contains it"
             self._anomaly(c, K.BEYOND_END_SEQNO, [*requested_frames(s), n], msg, s)
 
-    def _dedup(self, c: Conn, rec: Record, h: Header, s: Stream, idx: int, space: int, _alt: int = ALT_REQUEST) -> None:
+    def _duplicate(self, c: Conn, s: Stream, idx: int, key: bytes | tuple[int, bytes], first: int, n: int) -> None:
         """A key delivered twice in one snapshot whose marker allows no duplicates (kv_engine's snapshot-marker.md).
 
         The key is compared as it is on the wire: with its collection-id prefix
         when the connection negotiated collections; committed items and
         prepares are apart.
         """
-        seen = c.snapshot_keys.get(id(s))
-        if seen is None or seen[0] != idx:
-            self._forget_keys(c, s)
-            seen = c.snapshot_keys[id(s)] = (idx, {})
-        keys = seen[1]
-        raw: bytes = rec.event[1]  # type: ignore[index]
-        alt = h[0] == _alt
-        start = _HEADER_SIZE + (h[2] >> 8 if alt else 0) + h[3]
-        key = (space, bytes(raw[start : start + (h[2] & 0xFF if alt else h[2])]))
-        first = keys.get(key)
-        if first is not None:
-            snap = s.snapshots[idx]
-            text = _key_text(key[1], bool(c.state.context.collections))
-            msg = f"key {text} delivered twice in snapshot {snap.start}-{snap.end} (flags 0x{snap.flags:02x}: no duplicates allowed)"
-            self._anomaly(c, K.DUPLICATE_KEY, [first, rec.number], msg, s)
-        elif len(keys) < MAX_SNAPSHOT_KEYS and c.snapshot_key_count < MAX_CONN_SNAPSHOT_KEYS:
-            keys[key] = rec.number
-            c.snapshot_key_count += 1
+        snap = s.snapshots[idx]
+        text = _key_text(key if isinstance(key, bytes) else key[1], bool(c.state.context.collections))
+        msg = f"key {text} delivered twice in snapshot {snap.start}-{snap.end} (flags 0x{snap.flags:02x}: no duplicates allowed)"
+        self._anomaly(c, K.DUPLICATE_KEY, [first, n], msg, s)
 
     @staticmethod
-    def _forget_keys(c: Conn, s: Stream) -> None:
-        """The stream's snapshot is over (a new marker, its end): its keys leave the dedup check."""
-        seen = c.snapshot_keys.pop(id(s), None)
-        if seen is not None:
-            c.snapshot_key_count -= len(seen[1])
+    def _forget_keys(c: Conn, snap: Snapshot) -> None:
+        """A snapshot is over (a new marker, its stream's end): its keys leave the dedup check."""
+        if snap.keys is not None:
+            c.key_room += len(snap.keys)
+            snap.keys = None
 
     def _nothing_more(self, c: Conn, rec: Record, h: Header, s: Stream) -> None:
         """A stream message that changes nothing the timeline follows beyond its stream's state (set-vbucket-state, cache transfer)."""

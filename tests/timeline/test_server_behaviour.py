@@ -23,6 +23,7 @@ from dcpinspect.protocol.enums import Feature, SnapshotFlag, StreamEndStatus, St
 from dcpinspect.protocol.rules import MAX_SEQNO, flow_control_size, rollback_decision
 from dcpinspect.protocol.session import STREAM_END_NORMAL, STREAM_END_REREQUEST
 from dcpinspect.timeline import Timeline, build_timeline
+from dcpinspect.timeline import core as timeline_core
 from dcpinspect.timeline import streams as timeline_streams
 from dcpinspect.wire.events import Frame
 
@@ -495,7 +496,7 @@ def test_twin_duplicates_where_the_marker_allows_them(flags: int) -> None:
 
 def test_the_dedup_check_holds_a_bounded_number_of_keys_per_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys remembered for the check are bounded for all streams together; a snapshot that ends gives its budget back."""
-    monkeypatch.setattr(timeline_streams, "MAX_CONN_SNAPSHOT_KEYS", 6)
+    monkeypatch.setattr(timeline_core, "MAX_CONN_SNAPSHOT_KEYS", 6)
 
     def m(vb: int, seqno: int, key: str) -> tuple[str, bytes]:
         extras = {"by_seqno": seqno, "rev_seqno": 1}
@@ -749,3 +750,27 @@ def test_every_opcode_has_an_exchange() -> None:
     stat = spec.OPCODES["STAT"]
     assert not last_response(stat, status=0, key_length=3) and last_response(stat, status=0, key_length=0)
     assert last_response(stat, status=1, key_length=0) and last_response(spec.OPCODES["GET"], status=0, key_length=3)
+
+
+def test_the_timelines_flow_table_is_the_rule() -> None:
+    """The hot loop charges a*length + b from a table built from flow_control_size: equal to the rule for every case."""
+    from dcpinspect.protocol.enums import Magic
+    from dcpinspect.protocol.session import STREAM_MESSAGES
+
+    table = timeline_streams.flow_charges()
+    assert set(table) == set(STREAM_MESSAGES)
+    for op, (a, b) in table.items():
+        for magic in (Magic.CLIENT_REQUEST, Magic.ALT_CLIENT_REQUEST):
+            for length in (24, 27, 55, 1000, 1 << 20):
+                assert a * length + b == flow_control_size(magic, op, length), (op, magic, length)
+
+
+def test_a_snapshot_pickles_without_the_dedup_checks_keys() -> None:
+    """Timeline parts travel between processes (Spark) without the builder's working state."""
+    import pickle
+
+    from dcpinspect.timeline.model import Snapshot
+
+    snap = Snapshot(1, 0, 9, DISK, keys={b"k": 3})
+    back = pickle.loads(pickle.dumps(snap))
+    assert back.keys is None and (back.frame, back.end) == (1, 9) and snap.keys == {b"k": 3}
