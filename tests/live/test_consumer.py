@@ -97,6 +97,11 @@ def bootstrap(
     if config.to_latest:
         req = s.one("GET_ALL_VB_SEQNOS")
         s.reply(resp("GET_ALL_VB_SEQNOS", req, value={"vb_seqnos": [{"vbucket": vb, "high_seqno": h} for vb, h in (high or {}).items()]}))
+    return open_and_controls(s, reject)
+
+
+def open_and_controls(s: Server, reject: tuple[str, ...] = ()) -> Server:
+    """Answer DCP_OPEN and each DCP_CONTROL (EINVAL for the keys in ``reject``); what follows stays in ``s.pending``."""
     s.reply(resp("DCP_OPEN", s.one("DCP_OPEN")))
     while True:
         got = s.sent()
@@ -1280,13 +1285,7 @@ def map_bootstrap(config: ConsumerConfig, vbmap: list[list[int]] | None, *, stat
         return s
     if config.to_latest or (config.vbuckets is None and s.c.cluster_map is None):
         s.reply(resp("GET_ALL_VB_SEQNOS", s.one("GET_ALL_VB_SEQNOS"), value={"vb_seqnos": [{"vbucket": 0, "high_seqno": 0}]}))
-    s.reply(resp("DCP_OPEN", s.one("DCP_OPEN")))
-    while True:
-        got = s.sent()
-        if not got or got[0].name != "DCP_CONTROL":
-            s.pending = got  # type: ignore[attr-defined]
-            return s
-        s.reply(resp("DCP_CONTROL", got[0]))
+    return open_and_controls(s)
 
 
 def moved(s: Server) -> dict[int, Handoff]:
