@@ -35,11 +35,12 @@ from typing import Any
 from ..flows.session import ConnState
 from ..protocol.enums import Datatype, Feature, Opcode, Status, VBucketState
 from ..wire.dissection import Dissection
-from ..wire.framing import parse_frame_infos
+from ..wire.framing import decode_leb128, parse_frame_infos
+from ..wire.values import inflate_snappy
 from .cluster import Bucket, Cluster, HistoryItem, vbucket_for_key
 from .clustermap import config_json
 
-__all__ = ["STAT_GROUPS", "DataNodeMixin", "inflate_snappy"]
+__all__ = ["STAT_GROUPS", "DataNodeMixin", "inflate_value"]
 
 #: the STAT groups the simulator answers (the default group is the empty key)
 STAT_GROUPS: tuple[str, ...] = ("", "dcp", "dcpagg", "vbucket-seqno", "failovers")
@@ -69,27 +70,13 @@ _VBUCKET_SEQNO_STATS = (
 _DATATYPE_FEATURES = ((_JSON, Feature.JSON), (_SNAPPY, Feature.SNAPPY), (_XATTR, Feature.XATTR))
 
 
-def inflate_snappy(data: bytes) -> bytes | None:
-    """A snappy (raw block) value inflated, or ``None`` if it is not valid snappy or inflates too far."""
-    length, shift, pos = 0, 0, 0
-    while pos < len(data) and pos < 5:  # the varint uncompressed length, checked before inflating
-        b = data[pos]
-        length |= (b & 0x7F) << shift
-        pos += 1
-        shift += 7
-        if not b & 0x80:
-            break
-    else:
+def inflate_value(data: bytes) -> bytes | None:
+    """A snappy request value inflated, or ``None``: not snappy, or above the largest item the server stores."""
+    length, _used, _problem = decode_leb128(data, 0)
+    if length is None or length > MAX_INFLATED:
         return None
-    if length > MAX_INFLATED:
-        return None
-    import cramjam
-
-    try:
-        out = bytes(cramjam.snappy.decompress_raw(data))
-    except Exception:
-        return None
-    return out if len(out) == length else None
+    out, problem = inflate_snappy(data)
+    return out if problem is None else None
 
 
 def _strip_xattrs(value: bytes) -> bytes:
@@ -421,7 +408,7 @@ class DataNodeMixin:
             return None
         value = bytes(f.value)
         if datatype & _SNAPPY:
-            inflated = inflate_snappy(value)
+            inflated = inflate_value(value)
             if inflated is None:
                 self._reply(d, Status.EINVAL, now=now)
                 return None

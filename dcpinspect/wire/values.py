@@ -21,7 +21,17 @@ from ..protocol.flatbuf import read_table
 from .dissection import Dissection, Leaf, Problem, leaf, text
 from .framing import decode_leb128
 
-__all__ = ["MAX_INFLATED", "PACKED_DATATYPES", "VALUE_READERS", "ValueReader", "field_problems", "is_text", "read_fields", "read_plain_doc"]
+__all__ = [
+    "MAX_INFLATED",
+    "PACKED_DATATYPES",
+    "VALUE_READERS",
+    "ValueReader",
+    "field_problems",
+    "inflate_snappy",
+    "is_text",
+    "read_fields",
+    "read_plain_doc",
+]
 
 #: refuse to inflate snappy values claiming more than this
 MAX_INFLATED = 64 * 1024 * 1024
@@ -182,7 +192,7 @@ def _inflate(d: Dissection, value: bytes, start: int) -> bytes | None:
     """A snappy-compressed value inflated (``None``, with a problem, if it cannot be)."""
     n = len(value)
     d.items.append(leaf("value", "Value (snappy)", start, n, value, 0, None, BYTES))
-    inflated, problem = _snappy(value)
+    inflated, problem = inflate_snappy(value)
     if problem is not None or inflated is None:
         d.problems.append(Problem(problem or "snappy value not inflated", start, n))
         return None
@@ -267,8 +277,8 @@ def is_text(b: bytes) -> bool:
     return s.isprintable() or _printable_ws(s)
 
 
-def _snappy(data: bytes) -> tuple[bytes | None, str | None]:
-    # snappy raw format: varint uncompressed length first; refuse bombs before inflating
+def inflate_snappy(data: bytes) -> tuple[bytes | None, str | None]:
+    """A snappy (raw block) value inflated, or ``None`` and why not (the length prefix is checked before inflating)."""
     length, _used, _ = decode_leb128(data, 0)
     if length is None:
         return None, "snappy value has no valid length prefix"

@@ -462,3 +462,13 @@ def test_scram_server_accepts_any_printable_nonce_but_checks_the_proof() -> None
         client = ScramClient("SCRAM-SHA256", "u", "p", nonce=nonce.replace(",", ""))
         server = ScramServer("SCRAM-SHA256", users)
         assert client.verify(server.final(client.final(server.first(client.first()))))
+
+
+def test_a_snappy_value_is_inflated_only_up_to_the_largest_item() -> None:
+    from dcpinspect.live.kv import MAX_INFLATED, inflate_value
+    from dcpinspect.live.producer_frames import snappy_compress
+    from dcpinspect.wire.framing import encode_leb128
+
+    assert inflate_value(snappy_compress(b'{"a": 1}' * 100)) == b'{"a": 1}' * 100
+    assert inflate_value(encode_leb128(MAX_INFLATED + 1) + b"\x00") is None  # refused before inflating
+    assert inflate_value(b"not snappy") is None
