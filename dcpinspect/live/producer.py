@@ -69,6 +69,7 @@ from ..protocol.session import (
     parse_u32,
 )
 from ..protocol.session import REQUEST_MAGICS as _REQUESTS
+from ..protocol.session import RESPONSE_MAGICS as _RESPONSES
 from ..wire.decoder import FrameDecoder
 from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext, Dissection
@@ -109,7 +110,6 @@ _ERROR_ATTRS: dict[int, list[str]] = {
     Status.ROLLBACK: ["special-handling"],
     Status.ETMPFAIL: ["temp", "retry-later"],
 }
-_RESPONSES = frozenset(int(m) for m in (Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE))
 _ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)
 _MAGICS = frozenset(spec.MAGICS)
 _OPEN_INVALID = int(OpenFlag.INVALID | OpenFlag.UNUSED | OpenFlag.REMOVED) | ~int(sum(OpenFlag))

@@ -27,9 +27,10 @@ import numpy as np
 
 from ..flows.records import Record, RecordChunk
 from ..protocol import spec
-from ..protocol.enums import Magic, Opcode
+from ..protocol.enums import Opcode
 from ..protocol.session import EXPECTS_RESPONSE
 from ..protocol.session import REQUEST_MAGICS as _REQUESTS
+from ..protocol.session import RESPONSE_MAGICS as _CLIENT_RESPONSES  # responses to a client's requests
 from ..timeline import Item, Timeline, TimelineBuilder
 from ..timeline.merge import ConnPart, SeqnoRises, record_tuple, thin
 from ..timeline.merge import merge_timelines as merge_parts
@@ -39,7 +40,6 @@ from .numbering import KSHIFT
 
 __all__ = ["Parts", "merge_timelines"]
 
-_CLIENT_RESPONSES = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))  # responses to a client's requests
 _SNAPSHOT_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
 _MARKER_V1_EXTRAS = sum(f.size or 0 for f in spec.SNAPSHOT_V1_EXTRAS)  # a v1 marker's extras length; a v2 marker has a 1-byte version
 

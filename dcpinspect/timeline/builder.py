@@ -24,6 +24,7 @@ from ..flows.records import Record
 from ..protocol import spec
 from ..protocol.enums import Magic, Opcode, OpenFlag, Status
 from ..protocol.exchanges import Exchange, answered_once, exchange, last_response
+from ..protocol.session import RESPONSE_MAGICS as _RESPONSES
 from ..protocol.session import STREAM_MESSAGES
 from ..wire.events import Frame
 from .core import MAX_PENDING, MAX_SHARED, OTHER, Conn, Header, elapsed, merge_repeat, name_of, requested_frames
@@ -34,7 +35,6 @@ from .streams import StreamHandlers
 
 __all__ = ["TimelineBuilder", "build_timeline"]
 
-_RESPONSES = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))
 _ALT_RESPONSE = int(Magic.ALT_CLIENT_RESPONSE)
 _SERVER = frozenset((int(Magic.SERVER_REQUEST), int(Magic.SERVER_RESPONSE)))  # server pushes: not DCP, not followed
 _NOOP, _SUCCESS = int(Opcode.DCP_NOOP), int(Status.SUCCESS)

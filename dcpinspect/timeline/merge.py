@@ -22,7 +22,8 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from ..flows.records import Record
-from ..protocol.enums import Magic, Opcode, Status
+from ..protocol.enums import Opcode, Status
+from ..protocol.session import RESPONSE_MAGICS as _RESPONSES
 from ..wire.events import Frame
 from .builder import TimelineBuilder
 from .model import Anomaly, AnomalyKind, ConnectionInfo, FlowSample, Item, Stream, Timeline
@@ -30,7 +31,6 @@ from .model import Anomaly, AnomalyKind, ConnectionInfo, FlowSample, Item, Strea
 __all__ = ["ConnPart", "SeqnoRises", "highest_before", "merge_timelines", "record_from", "record_tuple", "thin"]
 
 Rises = tuple[Sequence[int], Sequence[int]]  # (keys, seqnos) where a vbucket's highest item seqno rose, in key order
-_RESPONSES = frozenset((int(Magic.CLIENT_RESPONSE), int(Magic.ALT_CLIENT_RESPONSE)))
 _STREAM_REQ, _ROLLBACK = int(Opcode.DCP_STREAM_REQ), int(Status.ROLLBACK)
 _UNANSWERED = frozenset((AnomalyKind.REQUEST_NEVER_ANSWERED, AnomalyKind.NOOP_UNANSWERED))
 _FIRST = itemgetter(0)
