@@ -246,15 +246,20 @@ class DcpClient:
         try:
             self._start_links()
             while not fleet.done:
+                for link_id, task in [(k, t) for k, t in self._tasks.items() if t.done()]:
+                    task.result()  # a bug in a link's loop surfaces here
+                    del self._tasks[link_id]  # a finished link is waited on no more (else the wait returns at once)
+                    self._wakes.pop(link_id, None)
+                if fleet.done:
+                    break
+                self._start_links()
+                if not self._tasks:  # every link ended its consumer, yet the fleet is not done: never silent
+                    raise ClientError("every connection ended with streams unfinished", fleet.state)
                 waiter: asyncio.Future[Any] = asyncio.ensure_future(self._fleet_done.wait())
                 try:
                     await asyncio.wait([waiter, *self._tasks.values()], return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waiter.cancel()
-                for task in [t for t in self._tasks.values() if t.done()]:
-                    task.result()  # a bug in a link's loop surfaces here
-                if not fleet.done and all(t.done() for t in self._tasks.values()) and not fleet.wanted():
-                    break  # cannot happen: every link ends its consumer before its task ends
         finally:
             for task in self._tasks.values():
                 task.cancel()

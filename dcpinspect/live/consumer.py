@@ -56,7 +56,7 @@ from ..flows.session import ConnState
 from ..protocol import spec
 from ..protocol.enums import Feature, Opcode, OpenFlag, Status
 from ..protocol.rules import MAX_SEQNO, flow_control_size
-from ..protocol.session import DEFAULT_NOOP_INTERVAL, SESSION_OPS
+from ..protocol.session import DEFAULT_NOOP_INTERVAL, SESSION_OPS, control_on, parse_float
 from ..protocol.session import REQUEST_MAGICS as _REQUEST_MAGICS
 from ..protocol.session import RESPONSE_MAGICS as _RESPONSE_MAGICS
 from ..wire.decoder import FrameDecoder
@@ -249,18 +249,15 @@ class DcpConsumer(ClusterMapMixin):
     @property
     def noop(self) -> bool:
         """``enable_noop=true`` was accepted."""
-        return self.session.controls.get("enable_noop") == "true"
+        return control_on("enable_noop", self.session.controls)
 
     @property
     def noop_interval(self) -> float | None:
         """The noop interval in force: the accepted ``set_noop_interval``, else the producer's default (``None``: noops off)."""
         if not self.noop:
             return None
-        try:
-            interval = float(self.session.controls.get("set_noop_interval", ""))
-        except ValueError:
-            return DEFAULT_NOOP_INTERVAL
-        return interval if interval > 0 else DEFAULT_NOOP_INTERVAL
+        interval = parse_float(self.session.controls.get("set_noop_interval", ""))  # as the producer reads it
+        return interval if interval is not None and interval > 0 else DEFAULT_NOOP_INTERVAL
 
     @property
     def end_on_close(self) -> bool:

@@ -43,17 +43,12 @@ from .consumer import ConsumerConfig, DcpConsumer
 from .consumer_states import ConsumerEvent, StreamStatus
 from .consumer_streams import Handoff, StreamInfo
 from .resume import ResumeState
+from .tap import format_endpoint as address_text  # host:port, [v6]:port
 
 __all__ = ["MAX_LINKS", "ClusterConsumer", "Link", "address_text"]
 
 #: connections a client opens at most (one per data node): a map naming more fails the client
 MAX_LINKS = 1024
-
-
-def address_text(address: tuple[str, int]) -> str:
-    """``host:port`` (``[v6]:port``)."""
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass

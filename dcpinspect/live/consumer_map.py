@@ -26,8 +26,9 @@ from ..wire.events import Frame
 from .clustermap import ClusterMap, parse_config
 from .consumer_states import ConsumerEvent, Phase, Request, StreamStatus, server_text, status_text
 from .consumer_streams import StreamInfo, Streams
+from .tap import format_endpoint
 
-__all__ = ["ClusterMapMixin", "address_text", "this_node"]
+__all__ = ["ClusterMapMixin", "this_node"]
 
 #: vbucket ids are 16 bits
 _MAX_VBUCKET = (1 << 16) - 1
@@ -91,7 +92,7 @@ class ClusterMapMixin:
                 elif len(cmap.vbucket_map) > _MAX_VBUCKET + 1:
                     why = f"with {len(cmap.vbucket_map)} vbuckets (at most {_MAX_VBUCKET + 1})"
                 elif me is None:
-                    why = f"not naming this node {address_text(self.address)}"
+                    why = f"not naming this node {format_endpoint(self.address)}"
                 else:
                     self.cluster_map, self.node_index = cmap, me
                     self.tracker.follow_map = True
@@ -134,12 +135,6 @@ class ClusterMapMixin:
                 self._stream_request(st, events)  # still here (or nowhere known): ask this node again
             else:
                 self.tracker.hand_over(st, cmap.nodes[node], events)
-
-
-def address_text(address: tuple[str, int]) -> str:
-    """``host:port`` (an IPv6 host in brackets)."""
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def this_node(cmap: ClusterMap, address: tuple[str, int]) -> int | None:

@@ -32,14 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import spec
-from ..protocol.enums import Opcode, OsoFlag, SnapshotFlag, Status, StreamEndStatus
+from ..protocol.enums import Opcode, OsoFlag, SnapshotFlag, Status
 from ..protocol.rules import MAX_SEQNO
-from ..protocol.session import SEQNO_FIELD, STREAM_END_NEVER_SENT, STREAM_END_NORMAL, STREAM_END_REREQUEST
+from ..protocol.session import SEQNO_FIELD, STREAM_END_NEVER_SENT, STREAM_END_NORMAL, STREAM_END_RELOCATE, STREAM_END_REREQUEST
 from ..wire.dissection import Dissection
 from .consumer_states import FINISHED, STREAM_TRANSITIONS, ConsumerEvent, StreamStatus, TransitionError, server_text, status_text
 from .resume import ResumeState, VbState
+from .tap import format_endpoint
 
-__all__ = ["STREAM_END_RELOCATE", "STREAM_MESSAGE_HANDLERS", "Handoff", "StreamInfo", "Streams", "need"]
+__all__ = ["STREAM_MESSAGE_HANDLERS", "Handoff", "StreamInfo", "Streams", "need"]
 
 _ = Opcode
 #: the event kind of each item message
@@ -54,9 +55,6 @@ _ROLLBACK = int(Status.ROLLBACK)
 _OSO_START = int(OsoFlag.START)
 _OSO_END = int(OsoFlag.END)
 _NOT_MY_VBUCKET = int(Status.NOT_MY_VBUCKET)
-#: stream-end reasons after which the vbucket may live on another node: a client that follows the cluster
-#: map asks for it again before re-requesting (kv_engine sends Rollback as StateChanged)
-STREAM_END_RELOCATE: frozenset[int] = frozenset(int(s) for s in (StreamEndStatus.STATE_CHANGED, StreamEndStatus.ROLLBACK))
 
 
 @dataclass
@@ -183,7 +181,7 @@ class Streams:
             st.moves + 1,
         )
         host, port = address
-        events.append(ConsumerEvent("moved", f"now active on {_address_text(host, port)}", st.vbucket, {"handoff": h}))
+        events.append(ConsumerEvent("moved", f"now active on {format_endpoint((host, port))}", st.vbucket, {"handoff": h}))
         return h
 
     def locate(self, st: StreamInfo) -> None:
@@ -538,8 +536,3 @@ def need(values: Mapping[str, Any], name: str) -> int:
     if not isinstance(v, int):
         raise ValueError(f"field {name} missing (frame too short)")
     return v
-
-
-def _address_text(host: str, port: int) -> str:
-    """``host:port`` (``[v6]:port``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

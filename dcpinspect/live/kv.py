@@ -294,7 +294,7 @@ class DataNodeMixin:
                 yield from (
                     (sp + "opaque", st.opaque),
                     (sp + "flags", f"0x{st.flags:x}"),
-                    (sp + "state", "dead" if st.ended else "in-memory"),
+                    (sp + "state", "dead" if st.dead else "backfilling" if st.backfill_end else "in-memory"),
                     (sp + "start_seqno", st.start),
                     (sp + "end_seqno", st.end),
                     (sp + "last_sent_seqno", getattr(st, "last_queued", 0)),

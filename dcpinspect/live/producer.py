@@ -435,7 +435,8 @@ class ProducerConnection(DataNodeMixin, StreamingMixin):
         rows = [
             (vb.id, vb.high_seqno if cid is None else vb.collection_high_seqno([cid]))
             for vb in b.vbuckets
-            if (state == _ANY_STATE and vb.state in _LIVE_STATES) or vb.state == state
+            for here in (self.vbucket_state(b, vb.id),)  # its state on this connection's node
+            if (state == _ANY_STATE and here in _LIVE_STATES) or here == state
         ]
         self._reply(d, value=rows, now=now)
 

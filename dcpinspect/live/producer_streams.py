@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..flows.session import ConnState
+from ..protocol import spec
 from ..protocol.enums import Feature, Opcode, OpenFlag, Status, StreamEndStatus, StreamReqFlag, VBucketState
-from ..protocol.rules import RollbackDecision, rollback_decision
+from ..protocol.rules import RollbackDecision, client_purge_seqno, from_latest, rollback_decision
 from ..wire.dissection import Dissection
 from ..wire.encode import encode
 from .cluster import Bucket, VBucket
@@ -48,7 +49,7 @@ __all__ = ["MAX_STREAM_ID", "STREAM_REQUEST_KEYS", "ProducerStream", "StreamRequ
 #: the largest stream id (a 16-bit frame info)
 MAX_STREAM_ID = (1 << 16) - 1
 #: the keys a stream request's JSON value may hold (kv_engine collections/vbucket_filter.cc); one at least
-STREAM_REQUEST_KEYS = frozenset({"uid", "sid", "collections", "scope", "purge_seqno", "cts"})
+STREAM_REQUEST_KEYS = frozenset(spec.STREAM_REQ_JSON_KEYS)
 
 _ACTIVE, _REPLICA, _DEAD = (int(s) for s in (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.DEAD))
 _SR = StreamReqFlag
@@ -255,9 +256,15 @@ class StreamingMixin(SnapshotsMixin):
         state = b.state_on(req.vbid, self.node)
         if state not in (_ACTIVE, _REPLICA) or (req.flags & _SR.ACTIVE_VB_ONLY and state != _ACTIVE):
             return Status.NOT_MY_VBUCKET
-        if req.flags & _SR.FROM_LATEST:
-            req.start = req.snap_start = req.snap_end = vb.high_seqno
-            req.uuid = req.uuid or vb.uuid
+        req.start, req.snap_start, req.snap_end, req.uuid = from_latest(
+            flags=req.flags,
+            start=req.start,
+            snap_start=req.snap_start,
+            snap_end=req.snap_end,
+            vb_uuid=req.uuid,
+            high_seqno=vb.high_seqno,
+            latest_uuid=vb.uuid,
+        )
         return None
 
     def _check_ranges(self, req: StreamRequest, b: Bucket) -> int | None:
@@ -284,10 +291,10 @@ class StreamingMixin(SnapshotsMixin):
         if req.d.frame.value and not obj.keys() & STREAM_REQUEST_KEYS:
             return Status.EINVAL  # a value with none of the known keys
         if "purge_seqno" in obj:
-            raw = obj["purge_seqno"]
-            if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
-                return Status.EINVAL  # a decimal string; a JSON number is refused
-            req.client_purge = int(raw)
+            client_purge = client_purge_seqno(obj)  # a string read as std::stoull reads it; a JSON number is refused
+            if client_purge is None:
+                return Status.EINVAL
+            req.client_purge = client_purge
         if "collections" in obj and "scope" in obj:
             return Status.EINVAL
         if "collections" in obj:

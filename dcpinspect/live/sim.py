@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from .cluster import BACKFILL_IDLE_LIMIT, DCP_IDLE_TIMEOUT, Bucket, Cluster
 from .producer import ProducerConnection
 from .scenarios import SCENARIO_NODES, SCENARIOS
+from .tap import format_endpoint
 
 __all__ = ["MAX_VBUCKETS", "SCENARIOS", "SCENARIO_NODES", "Simulator", "SimulatorThread"]
 
@@ -230,7 +231,9 @@ class Simulator:
     # --- connections -------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node: int = 0) -> None:
         peer = writer.get_extra_info("peername")
-        conn = ProducerConnection(self.cluster, node=node, peer=_host_port(str(peer[0]), int(peer[1])) if peer else "", now=self._now())
+        conn = ProducerConnection(
+            self.cluster, node=node, peer=format_endpoint((str(peer[0]), int(peer[1]))) if peer else "", now=self._now()
+        )
         # drain() waits while the transport holds more than this (and until it is down to a quarter)
         writer.transport.set_write_buffer_limits(high=self.backlog_limit)
         wake = asyncio.Event()
@@ -403,11 +406,6 @@ class Simulator:
         self.kick()
         for _writer, wake in self._conns.values():
             wake.set()
-
-
-def _host_port(host: str, port: int) -> str:
-    """``host:port``, an IPv6 address in brackets (``[::1]:11210``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class SimulatorThread:

@@ -11,8 +11,10 @@ manifest keeps it.  :mod:`.cluster` changes them; the streams read them.
 from __future__ import annotations
 
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ..protocol.enums import VBucketState
@@ -28,6 +30,9 @@ _ACTIVE = int(VBucketState.ACTIVE)
 def vbucket_for_key(key: bytes, vbuckets: int) -> int:
     """The vbucket a key hashes to (CRC32 as the SDKs compute it)."""
     return ((zlib.crc32(key) >> 16) & 0x7FFF) % vbuckets
+
+
+_SEQNO = attrgetter("seqno")
 
 
 @dataclass(slots=True)
@@ -139,8 +144,11 @@ class VBucket:
         self.failover_log = [(uuid, seqno), *kept][:MAX_FAILOVER_ENTRIES]
 
     def records(self, lo: int, hi: int) -> list[HistoryItem]:
-        """The HistoryItems still stored (not purged) with lo < seqno <= hi, in seqno order."""
-        return [r for r in self.log if lo < r.seqno <= hi and not r.purged]
+        """The HistoryItems still stored (not purged) with lo < seqno <= hi, in seqno order (the log is: a bisection)."""
+        log = self.log
+        first = bisect_right(log, lo, key=_SEQNO)
+        last = bisect_right(log, hi, lo=first, key=_SEQNO)
+        return [r for r in log[first:last] if not r.purged]
 
     def collection_high_seqno(self, cids: Iterable[int]) -> int:
         """The highest seqno the manifest records for any of these collections (documents, sync writes, system events)."""

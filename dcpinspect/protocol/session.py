@@ -47,6 +47,7 @@ __all__ = [
     "SESSION_START_OPS",
     "STREAM_END_NEVER_SENT",
     "STREAM_END_NORMAL",
+    "STREAM_END_RELOCATE",
     "STREAM_END_REREQUEST",
     "STREAM_MESSAGES",
     "SYNC_WRITES",
@@ -159,6 +160,8 @@ STREAM_END_REREQUEST: frozenset[int] = frozenset(
 STREAM_END_NORMAL: frozenset[int] = frozenset(
     int(s) for s in (StreamEndStatus.OK, StreamEndStatus.CLOSED, StreamEndStatus.FILTER_EMPTY, StreamEndStatus.LOST_PRIVILEGES)
 )
+#: stream-end reasons after which a client that follows the cluster map asks it where the vbucket lives now
+STREAM_END_RELOCATE: frozenset[int] = frozenset(int(s) for s in (StreamEndStatus.STATE_CHANGED, StreamEndStatus.ROLLBACK))
 #: stream-end reasons a producer never puts on the wire
 STREAM_END_NEVER_SENT: frozenset[int] = frozenset({int(StreamEndStatus.DISCONNECTED)})
 

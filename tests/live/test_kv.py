@@ -472,3 +472,17 @@ def test_a_snappy_value_is_inflated_only_up_to_the_largest_item() -> None:
     assert inflate_value(snappy_compress(b'{"a": 1}' * 100)) == b'{"a": 1}' * 100
     assert inflate_value(encode_leb128(MAX_INFLATED + 1) + b"\x00") is None  # refused before inflating
     assert inflate_value(b"not snappy") is None
+
+
+def test_all_vb_seqnos_lists_the_states_on_this_node() -> None:
+    """GET_ALL_VB_SEQNOS answers with the vbuckets in the asked state on the node the connection is on."""
+    from dcpinspect.live.producer import ProducerConnection
+
+    cluster = Cluster(seed=3, nodes=2)
+    b = cluster.create_bucket("default", vbuckets=4, items=8)
+    for node in (0, 1):
+        p = Peer(cluster)
+        p.conn = ProducerConnection(cluster, node=node)
+        p.bootstrap(controls={})
+        active = p.request("GET_ALL_VB_SEQNOS", extras={"state": 1})
+        assert [e["vbucket"] for e in active.body["vb_seqnos"]] == [vb for vb, row in enumerate(b.vbucket_map()) if row[0] == node]

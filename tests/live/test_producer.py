@@ -861,3 +861,14 @@ def test_takeover_memory_marker_waits_for_its_ack() -> None:
     assert stream_messages(p.tick(10.0)) == []  # no SET_VBUCKET_STATE before the marker is acknowledged
     ds = stream_messages(p.send(encode("DCP_SNAPSHOT_MARKER", response=True, opaque=ds[0].frame.opaque)))
     assert names(ds) == ["DCP_SET_VBUCKET_STATE"] and ds[0].extras["state"] == 3
+
+
+def test_purge_seqno_is_read_as_the_rule_reads_it() -> None:
+    """The producer and the timeline's replay read ``purge_seqno`` with the same rule (std::stoull on a string)."""
+    from dcpinspect.protocol.rules import client_purge_seqno
+
+    for raw, status in ((" 23", 0), ("+5", 0), ("x", 0x04), (23, 0x04)):
+        _, p = make(items=4)
+        p.bootstrap()
+        got = _status(p.stream_req(0, value={"purge_seqno": raw}))
+        assert got == status and (client_purge_seqno({"purge_seqno": raw}) is None) == (status != 0), raw

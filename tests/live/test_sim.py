@@ -279,9 +279,9 @@ def test_vbucket_count_is_16_bit(capsys) -> None:
 
 
 def test_ipv6_addresses_are_shown_in_brackets() -> None:
-    from dcpinspect.live.sim import _host_port
+    from dcpinspect.live.tap import format_endpoint
 
-    assert _host_port("::1", 11210) == "[::1]:11210" and _host_port("127.0.0.1", 5) == "127.0.0.1:5"
+    assert format_endpoint(("::1", 11210)) == "[::1]:11210" and format_endpoint(("127.0.0.1", 5)) == "127.0.0.1:5"
 
     async def main() -> None:
         try:
