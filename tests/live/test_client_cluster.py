@@ -348,3 +348,45 @@ def test_counts_carry_over_when_a_stream_moves() -> None:
     bucket.failover(3)
     p.until(lambda: p.fleet.streams[3].moves > moves and p.caught_up(bucket))
     assert p.fleet.streams[3].counts == before and p.fleet.streams[3].moves == moves + 1 == 2
+
+
+def test_a_finished_link_is_not_waited_on_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bootstrap node holds none of the asked vbuckets: its link ends at once while the other streams on.
+
+    The client's main loop must then wait on the running link only: a finished task in its wait set would make
+    every wait return at once (a busy loop).
+    """
+    import dcpinspect.live.client as client_module
+
+    sim = Simulator(bucket="travel", vbuckets=4, items=8, users={"alice": PASSWORD}, seed=7, nodes=2)
+    waits = 0
+    real_wait = asyncio.wait
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        nonlocal waits
+        waits += 1
+        return await real_wait(*args, **kw)
+
+    async def main() -> None:
+        nonlocal waits
+        await sim.start()
+        try:
+            elsewhere = next(vb for vb, row in enumerate(sim.bucket.vbucket_map()) if row[0] == 1)
+            client = DcpClient(sim.host, sim.port, config(vbuckets=(elsewhere,)))  # asks node 0 for a node-1 vbucket
+            monkeypatch.setattr(client_module.asyncio, "wait", counted)
+            await client.start()
+            await client.until(lambda c: client.streams.get(elsewhere) is not None and client.streams[elsewhere].status == "streaming")
+            waits = 0
+            for i in range(20):
+                seqno = sim.mutate(f"w{i}", {"i": i}) if sim.bucket.vbucket_of(f"w{i}").id == elsewhere else None
+                if seqno is not None:
+                    await client.until(lambda c, s=seqno: client.streams[elsewhere].position.seqno >= s)
+            # a finished link leaves the set the main loop waits on (else every wait would return at once)
+            assert all(not t.done() for t in client._tasks.values()), client._tasks
+            assert waits < 50, f"{waits} waits in the main loop"
+            await client.stop()
+        finally:
+            monkeypatch.undo()
+            await sim.stop()
+
+    run(main())
