@@ -262,7 +262,7 @@ class DcpConsumer(ClusterMapMixin):
     @property
     def end_on_close(self) -> bool:
         """``send_stream_end_on_client_close_stream=true`` was accepted."""
-        return self.session.controls.get("send_stream_end_on_client_close_stream") == "true"
+        return control_on("send_stream_end_on_client_close_stream", self.session.controls)
 
     @property
     def awaiting(self) -> dict[int, Request]:

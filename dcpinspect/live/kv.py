@@ -34,6 +34,7 @@ from typing import Any
 
 from ..flows.session import ConnState
 from ..protocol.enums import Datatype, Feature, Opcode, Status, VBucketState
+from ..protocol.session import control_on
 from ..wire.dissection import Dissection
 from ..wire.framing import decode_leb128, parse_frame_infos
 from ..wire.values import inflate_snappy
@@ -283,10 +284,10 @@ class DataNodeMixin:
                 (p + "noop_wait", str(bool(getattr(c, "_noop_pending", False))).lower()),
                 (
                     p + "send_stream_end_on_client_close_stream",
-                    str(controls.get("send_stream_end_on_client_close_stream") == "true").lower(),
+                    str(control_on("send_stream_end_on_client_close_stream", controls)).lower(),
                 ),
-                (p + "enable_stream_id", str(controls.get("enable_stream_id") == "true").lower()),
-                (p + "synchronous_replication", str(controls.get("enable_sync_writes") == "true").lower()),
+                (p + "enable_stream_id", str(control_on("enable_stream_id", controls)).lower()),
+                (p + "synchronous_replication", str(control_on("enable_sync_writes", controls)).lower()),
                 (p + "num_streams", len(streams)),
             )
             for st in streams:
@@ -451,7 +452,6 @@ class DataNodeMixin:
             rec = b.commit(key, collection=cid)
         else:
             rec = b.mutate(key, value, collection=cid, flags=flags, expiration=expiration, datatype=datatype)
-        self.cluster.changed()
         self._reply(d, now=now, **self._token(b, vbid, rec))
 
     def _kv_delete(self, d: Dissection, now: float) -> None:
@@ -475,7 +475,6 @@ class DataNodeMixin:
             rec = b.commit(key, collection=cid)
         else:
             rec = b.delete(key, collection=cid)
-        self.cluster.changed()
         self._reply(d, now=now, **self._token(b, vbid, rec))
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol.enums import Datatype, MarkerVersion, OpenFlag, SystemEvent
+from ..protocol.session import control_on
 from ..wire.encode import encode
 from .cluster import HistoryItem, VBucket
 
@@ -119,7 +120,7 @@ def _payload(fmt: StreamFormat, r: HistoryItem) -> tuple[bytes, int]:
         return b"", 0
     if fmt.open_flags & OpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:
         return b"", r.datatype
-    if r.value and fmt.controls.get("force_value_compression") == "true":
+    if r.value and control_on("force_value_compression", fmt.controls):
         return snappy_compress(r.value), r.datatype | _SNAPPY
     return r.value, r.datatype
 
@@ -134,7 +135,7 @@ def _deletion(fmt: StreamFormat, r: HistoryItem, sid: int | None, common: dict[s
     """DCP_EXPIRATION (asked for, with delete times), DCP_DELETION v2 (delete times) or v1."""
     delete_times = bool(fmt.open_flags & OpenFlag.INCLUDE_DELETE_TIMES)
     extras = {"by_seqno": r.seqno, "rev_seqno": r.rev_seqno}
-    if r.kind == "expiration" and fmt.controls.get("enable_expiry_opcode") == "true" and delete_times:
+    if r.kind == "expiration" and control_on("enable_expiry_opcode", fmt.controls) and delete_times:
         extras["delete_time"] = r.delete_time
         return "DCP_EXPIRATION", encode("DCP_EXPIRATION", extras=extras, cas=r.cas, stream_id=sid, **common)
     if delete_times:
@@ -169,7 +170,7 @@ def _abort(fmt: StreamFormat, r: HistoryItem, sid: int | None, common: dict[str,
 
 def _system_event(fmt: StreamFormat, r: HistoryItem, sid: int | None, common: dict[str, Any]) -> tuple[str, bytes]:
     """A collection or scope event: flatbuffers (version 2) if asked for, else the JSON-era layouts (key: the name)."""
-    fb = fmt.controls.get("flatbuffers_system_events") == "true"
+    fb = control_on("flatbuffers_system_events", fmt.controls)
     version = 2 if fb else (1 if r.event == SystemEvent.BEGIN_COLLECTION and r.max_ttl is not None else 0)
     extras = {"by_seqno": r.seqno, "event": r.event, "version": version}
     value, key = _system_event_value(r, fb)

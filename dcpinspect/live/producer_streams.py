@@ -38,6 +38,7 @@ from ..flows.session import ConnState
 from ..protocol import spec
 from ..protocol.enums import Feature, Opcode, OpenFlag, Status, StreamEndStatus, StreamReqFlag, VBucketState
 from ..protocol.rules import RollbackDecision, client_purge_seqno, from_latest, rollback_decision
+from ..protocol.session import control_on
 from ..wire.dissection import Dissection
 from ..wire.encode import encode
 from .cluster import Bucket, VBucket
@@ -147,7 +148,7 @@ class StreamingMixin(SnapshotsMixin):
     @property
     def sync_writes(self) -> bool:
         """``enable_sync_writes``: prepares, commits and aborts are streamed; a ``collections`` filter is refused."""
-        return self.session.controls.get("enable_sync_writes") == "true"
+        return control_on("enable_sync_writes", self.session.controls)
 
     @property
     def sync_replication(self) -> bool:
@@ -157,7 +158,7 @@ class StreamingMixin(SnapshotsMixin):
     @property
     def stream_ids(self) -> bool:
         """``enable_stream_id`` was accepted."""
-        return self.session.controls.get("enable_stream_id") == "true"
+        return control_on("enable_stream_id", self.session.controls)
 
     @property
     def cursor_dropping(self) -> bool:
@@ -409,7 +410,7 @@ class StreamingMixin(SnapshotsMixin):
         self._reply(d, status, now=now)
         if st is None or status != Status.SUCCESS:
             return
-        if self.controls.get("send_stream_end_on_client_close_stream") == "true":
+        if control_on("send_stream_end_on_client_close_stream", self.controls):
             self._end(st, _END.CLOSED)  # what is queued still goes, then STREAM_END(Closed)
         else:
             st.queue.clear()  # erased at once: nothing follows the close response
