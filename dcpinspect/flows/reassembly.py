@@ -63,6 +63,8 @@ __all__ = [
     "Reassembler",
     "Segment",
     "expand",
+    "plausible_start",
+    "tls_record",
 ]
 
 #: a segment's time when its packet's timestamp was out of range: int64's minimum (numpy's NaT), a null ``ts`` in every table
@@ -284,7 +286,7 @@ class Reassembler:
             return out
         if not conn.sniffed and seg.payload:  # a TLS handshake on any port (after a SYN, the first segment has none)
             conn.sniffed = True
-            conn.tls = conn.tls or _tls_record(seg.payload)
+            conn.tls = conn.tls or tls_record(seg.payload)
         conn.packets += 1
         conn.last_ts = seg.ts
         conn.last_file = seg.file
@@ -347,7 +349,7 @@ class Reassembler:
             how = "guess"
         known = server[1] in self.server_ports or server[1] in self.tls_ports
         tls = server[1] in self.tls_ports  # the server's port: a client's ephemeral port may be anything
-        if not known and not seg.flags & SYN and not (self.detect and _plausible_start(seg.payload)):
+        if not known and not seg.flags & SYN and not (self.detect and plausible_start(seg.payload)):
             self._ignore(key)
             return None
         conn = Connection(0, client, server, file=seg.file, syn_seen=bool(seg.flags & SYN), role_source=how, tls=tls, first_ts=seg.ts)
@@ -369,8 +371,8 @@ class Reassembler:
 
     def _decide(self, conn: Connection, payload: bytes) -> None:
         """First bytes of a connection on an unknown port: memcached binary, TLS, or not ours."""
-        if self.detect and _plausible_start(payload):
-            conn.tls = _tls_record(payload)
+        if self.detect and plausible_start(payload):
+            conn.tls = tls_record(payload)
             self._adopt(conn)
         else:
             conn.decided = True
@@ -484,7 +486,7 @@ def _conn_key(conn: Connection) -> Key:
     return (a, b) if a <= b else (b, a)
 
 
-def _plausible_start(payload: bytes) -> bool:
+def plausible_start(payload: bytes) -> bool:
     """Whether these first bytes look like a memcached-binary header (or a TLS record)."""
     if payload[:2] == b"\x16\x03":
         return True
@@ -493,6 +495,6 @@ def _plausible_start(payload: bytes) -> bool:
     return plausible_header(payload)
 
 
-def _tls_record(payload: bytes) -> bool:
+def tls_record(payload: bytes) -> bool:
     """Whether bytes start a TLS handshake record (content type 22, version 3.x); no memcached magic starts so."""
     return len(payload) >= 3 and payload[0] == 0x16 and payload[1] == 3 and payload[2] <= 4

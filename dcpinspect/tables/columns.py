@@ -20,7 +20,7 @@ from typing import Any
 
 from ..flows.reassembly import TS_MAX, TS_UNKNOWN
 from ..flows.records import Record
-from ..protocol.enums import Opcode
+from ..protocol.enums import Datatype, Opcode
 from ..protocol.session import SEQNO_FIELD
 from ..protocol.spec import ALT_MAGICS, STATUS
 from ..wire.dissect import dissect
@@ -33,9 +33,16 @@ __all__ = [
     "FRAME_COLUMNS",
     "FRAME_VALUE_COLUMNS",
     "JSON_COLUMNS",
+    "JSON_INVALID",
+    "JSON_NOT_CHECKED",
+    "JSON_VALID",
     "FrameColumns",
     "dcp_values",
 ]
+
+#: the ``json_check`` column's values
+JSON_VALID, JSON_INVALID, JSON_NOT_CHECKED = "valid", "invalid", "not checked"
+_NOT_JSON = "not valid JSON"  # what every JSON problem of the dissector says
 
 #: the columns every row takes from its record: (name, Arrow type, description)
 _RECORD_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -84,6 +91,7 @@ _FRAME_VALUE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("buffer_bytes", "uint32", "DCP_BUFFER_ACKNOWLEDGEMENT bytes"),
     ("body_length", "uint32", "declared total body length"),
     ("value_length", "uint32", "value bytes"),
+    ("json_check", "string", "a value flagged JSON: valid, invalid or not checked (null when no value is flagged JSON)"),
     ("problems", "list<string>", "protocol problems (and the reason for garbage/truncated/gap)"),
 )
 #: (name, Arrow type, description) - the one definition of the frames table
@@ -176,6 +184,9 @@ def dcp_values(opcode: int, response: bool, ext: Mapping[str, Any], body: Mappin
     return out
 
 
+_JSON = int(Datatype.JSON)
+
+
 class FrameColumns:
     """Column lists for the frames table, appended to one record at a time."""
 
@@ -236,9 +247,14 @@ class FrameColumns:
             sections = ((h[2] >> 8) + (h[2] & 0xFF) if alt else h[2]) + h[3]
             c["body_length"].append(h[6])
             c["value_length"].append(h[6] - sections)
+            if h[4] & _JSON and h[6] > sections:
+                c["json_check"].append(JSON_INVALID if any(_NOT_JSON in p.message for p in d.problems) else JSON_VALID)
+            else:
+                c["json_check"].append(None)
         else:
             c["body_length"].append(h[3])
             c["value_length"].append(None)
+            c["json_check"].append(None)
         c["problems"].append([p.message for p in d.problems])
 
     def extend(self, records: Iterable[Record]) -> FrameColumns:

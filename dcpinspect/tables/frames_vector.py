@@ -63,9 +63,21 @@ from ..protocol.fields import (
 from ..wire.dissect import GENERIC, command_names, select_variant
 from ..wire.dissection import DissectContext
 from ..wire.events import Frame
-from .columns import DCP_COLUMNS, FRAME_COLUMNS, FRAME_VALUE_COLUMNS, FrameColumns, dcp_values
+from .columns import DCP_COLUMNS, FRAME_COLUMNS, FRAME_VALUE_COLUMNS, JSON_NOT_CHECKED, JSON_VALID, FrameColumns, dcp_values
 
-__all__ = ["SCHEMA", "VECTOR_RULES", "arrow_schema", "chunk_batch", "read_batches", "record_batches"]
+__all__ = [
+    "SCHEMA",
+    "VECTOR_RULES",
+    "FrameRows",
+    "arrow_schema",
+    "chunk_batch",
+    "chunk_rows",
+    "json_suspects",
+    "read_batches",
+    "record_batches",
+    "ts_array",
+    "value_columns",
+]
 
 _TYPES = {
     "string": pa.string(),
@@ -313,6 +325,12 @@ def _json_suspects(values: list[memoryview]) -> np.ndarray:
     return bad
 
 
+def json_suspects(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which documents ``buf[starts[i] : starts[i] + lens[i]]`` need ``json.loads`` (may be invalid, or Arrow could disagree)."""
+    mv = memoryview(np.ascontiguousarray(buf).tobytes())
+    return _json_suspects([mv[x:y] for x, y in zip(starts.tolist(), (starts + lens).tolist(), strict=True)])
+
+
 def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Variable-length slices of ``buf`` as (int32 offsets, bytes) for an Arrow binary array."""
     offsets = np.zeros(len(lens) + 1, np.int64)
@@ -327,16 +345,37 @@ def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.n
 
 
 @dataclass
-class _Arrays:
-    """The frames of one chunk as arrays: which rows are mcbp frames, their bytes and header fields."""
+class FrameRows:
+    """The rows of one batch, in order, as the column builder takes them.
 
-    fast: np.ndarray  # per row: an mcbp frame (the rest are dissected one by one)
-    fidx: np.ndarray  # the rows of the mcbp frames
-    fevents: list[Any]
+    ``frame_rows`` are the rows that are mcbp frames, read from arrays: frame
+    ``j`` (row ``frame_rows[j]``) is ``joined[starts[j] : starts[j] + lens[j]]``,
+    at ``offsets[j]`` in its byte stream, dissected in ``contexts[ctx_codes[j]]``.
+    Every other row (garbage, gaps, truncated frames, the UPR draft), and every
+    frame not proven clean, comes from ``dissect_rows(rows)``: a
+    :class:`~dcpinspect.tables.columns.FrameColumns` holding exactly those rows,
+    in that (ascending) order.  ``json_check`` off leaves documents flagged JSON
+    unchecked (their ``json_check`` column says so).
+    """
+
+    n: int
+    frame_rows: np.ndarray
     joined: bytes
-    buf: np.ndarray
     starts: np.ndarray
     lens: np.ndarray
+    offsets: np.ndarray
+    ctx_codes: np.ndarray
+    contexts: list[DissectContext]
+    dissect_rows: Callable[[np.ndarray], FrameColumns]
+    json_check: bool = True
+
+
+@dataclass
+class _Arrays:
+    """The mcbp frames of a batch as arrays: their bytes and header fields."""
+
+    rows: FrameRows
+    buf: np.ndarray
     h: np.ndarray  # the headers (the _HEADER dtype)
     vbs: np.ndarray
     bodylen: np.ndarray
@@ -344,6 +383,12 @@ class _Arrays:
     cas: np.ndarray
     keylen: np.ndarray
     response: np.ndarray
+
+    def frame(self, j: int) -> Frame:
+        """Frame ``j`` as an event (a group's representative, for the layout's choice)."""
+        r = self.rows
+        s = int(r.starts[j])
+        return Frame(int(r.offsets[j]), r.joined[s : s + int(r.lens[j])])
 
 
 @dataclass
@@ -360,63 +405,91 @@ class _Groups:
     cid: np.ndarray
     has_cid: np.ndarray
     extras_cols: dict[str, tuple[np.ndarray, np.ndarray]]  # column -> (values, set?)
+    json: np.ndarray  # per frame: 0 no document flagged JSON, 1 checked (valid), 2 not checked
 
 
-def chunk_batch(chunk: RecordChunk) -> pa.RecordBatch:
-    """One :class:`RecordChunk` as an Arrow record batch of the frames table."""
-    a = _header_arrays(chunk)
-    g = _group_plans(chunk, a)
+def value_columns(rows: FrameRows) -> dict[str, pa.Array]:
+    """The columns a frame fills (``type``, ``offset``, ``length`` and :data:`~dcpinspect.tables.columns.FRAME_VALUE_COLUMNS`) of ``rows``."""
+    a = _header_arrays(rows)
+    g = _group_plans(a)
+    fast = np.zeros(rows.n, bool)
+    fast[rows.frame_rows] = True
     # the rows dissected one by one: garbage, gaps, truncated, and every frame not proven clean
-    sidx = np.sort(np.concatenate((np.flatnonzero(~a.fast), a.fidx[g.slow])))
-    slow_cols = FrameColumns()
-    if len(sidx):
-        want = set(sidx.tolist())
-        for rec in chunk.records():
-            if rec.number - chunk.first_number in want:
-                slow_cols.add(rec)
-    cols = _frame_columns(a, g, sidx, slow_cols)
+    sidx = np.sort(np.concatenate((np.flatnonzero(~fast), rows.frame_rows[g.slow])))
+    slow_cols = rows.dissect_rows(sidx) if len(sidx) else FrameColumns()
+    return _frame_columns(a, g, sidx, slow_cols)
+
+
+def chunk_batch(chunk: RecordChunk, *, json_check: bool = True) -> pa.RecordBatch:
+    """One :class:`RecordChunk` as an Arrow record batch of the frames table."""
+    cols = value_columns(chunk_rows(chunk, json_check=json_check))
     cols.update(_record_columns(chunk))
     return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
-def _header_arrays(chunk: RecordChunk) -> _Arrays:
-    """The 24-byte headers of every mcbp frame of the chunk, read at once."""
+def chunk_rows(chunk: RecordChunk, *, json_check: bool = True) -> FrameRows:
+    """The rows of a chunk for :func:`value_columns`."""
     n = len(chunk)
     events = chunk.events
     if set(map(type, events)) == {Frame} and set(map(_DIALECT, events)) == {"mcbp"}:  # the common case, at C speed
-        fast = np.ones(n, bool)
         fidx = np.arange(n)
         fevents = events
+        contexts = chunk.context
     else:
-        fast = np.fromiter((e.__class__ is Frame and e[2] == "mcbp" for e in events), bool, n)
-        fidx = np.flatnonzero(fast)
+        fidx = np.flatnonzero(np.fromiter((e.__class__ is Frame and e[2] == "mcbp" for e in events), bool, n))
         fevents = [events[i] for i in fidx]
+        contexts = [chunk.context[i] for i in fidx]
     raws: list[bytes] = list(map(_RAW, fevents))
     m = len(raws)
     lens = np.fromiter(map(len, raws), np.int64, m)
     starts = np.zeros(m, np.int64)
     if m:
         np.cumsum(lens[:-1], out=starts[1:])
-    joined = b"".join(raws)
-    buf = np.frombuffer(joined, np.uint8)
-    h = buf[starts[:, None] + _ROW].view(_HEADER).reshape(-1) if m else np.zeros(0, _HEADER)
+    ctx_ids = np.fromiter(map(id, contexts), np.int64, m)
+    uniq, first, codes = np.unique(ctx_ids, return_index=True, return_inverse=True)
+    ctx_list = [contexts[i] for i in first.tolist()]
+
+    def dissect_rows(rows: np.ndarray) -> FrameColumns:
+        want = set(rows.tolist())
+        cols = FrameColumns()
+        for rec in chunk.records():
+            if rec.number - chunk.first_number in want:
+                cols.add(rec)
+        return cols
+
+    del uniq
+    return FrameRows(
+        n,
+        fidx,
+        b"".join(raws),
+        starts,
+        lens,
+        np.fromiter(map(_OFFSET, fevents), np.int64, m),
+        codes.reshape(-1).astype(np.int64),
+        ctx_list,
+        dissect_rows,
+        json_check,
+    )
+
+
+def _header_arrays(rows: FrameRows) -> _Arrays:
+    """The 24-byte headers of every mcbp frame, read at once."""
+    buf = np.frombuffer(rows.joined, np.uint8)
+    m = len(rows.starts)
+    h = buf[rows.starts[:, None] + _ROW].view(_HEADER).reshape(-1) if m else np.zeros(0, _HEADER)
     vbs, bodylen, opaque, cas = (h[f].astype(h[f].dtype.newbyteorder("=")) for f in ("vbs", "bodylen", "opaque", "cas"))
     keylen = h["keylen"].astype(np.int64)
     response = np.isin(h["magic"], _RESPONSE_MAGICS)
-    return _Arrays(fast, fidx, fevents, joined, buf, starts, lens, h, vbs, bodylen, opaque, cas, keylen, response)
+    return _Arrays(rows, buf, h, vbs, bodylen, opaque, cas, keylen, response)
 
 
-def _group_plans(chunk: RecordChunk, a: _Arrays) -> _Groups:
+def _group_plans(a: _Arrays) -> _Groups:
     """Group the frames by (context, magic, opcode, extras length, status of a response); read each group by its plan."""
-    m = len(a.fevents)
+    rows = a.rows
+    m = len(rows.starts)
     h = a.h
     magic, opcode, extlen, datatype = h["magic"], h["opcode"], h["extlen"], h["datatype"]
-    ctx_of: dict[int, DissectContext] = {}
-    contexts = chunk.context if m == len(chunk) else [chunk.context[i] for i in a.fidx]
-    ctx_ids = np.fromiter(map(id, contexts), np.int64, m)
-    for i in np.unique(ctx_ids, return_index=True)[1] if m else ():
-        ctx_of[id(contexts[i])] = contexts[i]
-    ctx_codes, ctx_inv = np.unique(ctx_ids, return_inverse=True)
+    ctx_inv = rows.ctx_codes
     gkey = (
         (ctx_inv.astype(np.int64) << 40)
         | (magic.astype(np.int64) << 32)
@@ -425,44 +498,50 @@ def _group_plans(chunk: RecordChunk, a: _Arrays) -> _Groups:
         | np.where(a.response, a.vbs, 0).astype(np.int64)
     )
     gkeys, gfirst, ginv = np.unique(gkey, return_index=True, return_inverse=True)
+    ginv = ginv.reshape(-1)
     slow = (datatype & ~np.uint8(spec.DATATYPE_MASK)) != 0
-    key_start = a.starts + 24 + extlen
-    g = _Groups([], [], [], ginv, slow, key_start, a.keylen.copy(), np.zeros(m, np.uint32), np.zeros(m, bool), {})
+    key_start = rows.starts + 24 + extlen
+    g = _Groups([], [], [], ginv, slow, key_start, a.keylen.copy(), np.zeros(m, np.uint32), np.zeros(m, bool), {}, np.zeros(m, np.int8))
     v0 = key_start + a.keylen
-    ends = a.starts + a.lens
-    json_rows: list[int] = []
-    for i, first in enumerate(gfirst):
+    ends = rows.starts + rows.lens
+    json_rows: list[np.ndarray] = []
+    for i, first in enumerate(gfirst.tolist()):
         k = int(gkeys[i])
-        plan_key = (k >> 32 & 0xFF, k >> 24 & 0xFF, k >> 16 & 0xFF, k & 0xFFFF, ctx_of[int(ctx_codes[ctx_inv[first]])])
+        plan_key = (k >> 32 & 0xFF, k >> 24 & 0xFF, k >> 16 & 0xFF, k & 0xFFFF, rows.contexts[int(ctx_inv[first])])
         plan = _PLANS.get(plan_key, ...)
         if plan is ...:
             if len(_PLANS) > 4096:  # hostile captures: many odd groups
                 _PLANS.clear()
-            plan = _PLANS[plan_key] = _plan(*plan_key, a.fevents[first])
+            plan = _PLANS[plan_key] = _plan(*plan_key, a.frame(first))
         g.names.append(plan.name if plan else "")
         g.roles.append(plan.role if plan else "")
         g.status_names.append(plan.status_name if plan else None)
-        rows = np.flatnonzero(ginv == i)
+        grows = np.flatnonzero(ginv == i)
         if plan is None:
-            slow[rows] = True
+            slow[grows] = True
         else:
-            json_rows += _read_group(plan, int(k >> 24 & 0xFF), rows, a, g, ends - v0)
+            jr = _read_group(plan, int(k >> 24 & 0xFF), grows, a, g, ends - v0)
+            if len(jr):
+                json_rows.append(jr)
     if json_rows:
-        jr = np.array(json_rows, np.int64)
-        mv = memoryview(a.joined)
-        values = [mv[x:y] for x, y in zip(v0[jr].tolist(), ends[jr].tolist(), strict=True)]
-        slow[jr[_json_suspects(values)]] = True
+        jr = np.concatenate(json_rows)
+        if rows.json_check:
+            slow[jr[json_suspects(a.buf, v0[jr], (ends - v0)[jr])]] = True
+            g.json[jr] = 1
+        else:
+            g.json[jr] = 2
     return g
 
 
-def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Groups, vlen: np.ndarray) -> list[int]:
+def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Groups, vlen: np.ndarray) -> np.ndarray:
     """Read one group's rows by its plan: mark those that may break a rule slow; the JSON documents to validate."""
     buf = a.buf
     datatype = a.h["datatype"]
+    starts = a.rows.starts
     ext = None
     if plan.dtype is not None:
         el = plan.dtype.itemsize
-        ext = buf[(a.starts[rows] + 24)[:, None] + np.arange(el)].view(plan.dtype).reshape(-1)
+        ext = buf[(starts[rows] + 24)[:, None] + np.arange(el)].view(plan.dtype).reshape(-1)
         ext = ext.astype(plan.dtype.newbyteorder("="))
     bad = _suspect_extras(plan, ext, a.cas[rows], datatype[rows])
     kl = a.keylen[rows]
@@ -479,18 +558,21 @@ def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Grou
         g.has_cid[rows] = withkey
         g.key_start[rows] += withkey
         g.key_len[rows] -= withkey
-    json_rows: list[int] = []
+    json_rows = np.zeros(0, np.int64)
+    dt = datatype[rows]
+    flagged = (vl > 0) & ((dt & _JSON) != 0)
     if plan.value_kind == "empty":
         bad |= vl != 0
     elif plan.value_kind in ("doc", "doc!"):
-        dt = datatype[rows]
         if plan.value_kind == "doc!":
             bad |= vl == 0
         bad |= (vl > 0) & ((dt & _PACKED) != 0)
-        json_rows = rows[(vl > 0) & ((dt & _JSON) != 0) & ~bad].tolist()
+        json_rows = rows[flagged & ~bad]
+    else:
+        bad |= flagged  # a value flagged JSON that is not a document: dissect says what it is
     g.slow[rows[bad]] = True
     if ext is not None:
-        m = len(a.fevents)
+        m = len(starts)
         for col, values in dcp_values(opcode, plan.role == "response", {nm: ext[nm] for nm in ext.dtype.names or ()}, {}).items():
             if col not in g.extras_cols:
                 g.extras_cols[col] = (np.zeros(m, np.dtype(_NUMPY[_COLTYPE[col]])), np.zeros(m, bool))
@@ -500,12 +582,16 @@ def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Grou
     return json_rows
 
 
+_JSON_CHECK = pa.array([None, JSON_VALID, JSON_NOT_CHECKED], pa.string())
+
+
 def _frame_columns(a: _Arrays, g: _Groups, sidx: np.ndarray, slow_cols: FrameColumns) -> dict[str, pa.Array]:
     """The columns a frame fills: the clean rows from the arrays, the others from ``slow_cols``, in row order."""
     h = a.h
+    rows = a.rows
     ok = ~g.slow
-    fi = a.fidx[ok]
-    n = len(a.fast)
+    fi = rows.frame_rows[ok]
+    n = rows.n
     order = np.concatenate((fi, sidx))
     take = np.empty(n, np.int64)
     take[order] = np.arange(n)
@@ -514,8 +600,8 @@ def _frame_columns(a: _Arrays, g: _Groups, sidx: np.ndarray, slow_cols: FrameCol
     resp_ok = a.response[ok]
     fast_cols: dict[str, Any] = {
         "type": pa.repeat(pa.scalar("frame"), len(fi)),
-        "offset": np.fromiter(map(_OFFSET, a.fevents), np.int64, len(a.fevents))[ok],
-        "length": a.lens[ok],
+        "offset": rows.offsets[ok],
+        "length": rows.lens[ok],
         "magic": h["magic"][ok],
         "opcode": h["opcode"][ok],
         "name": pa.array(g.names, pa.string()).take(gi),
@@ -530,6 +616,7 @@ def _frame_columns(a: _Arrays, g: _Groups, sidx: np.ndarray, slow_cols: FrameCol
         "body_length": a.bodylen[ok],
         "value_length": (a.bodylen.astype(np.int64) - h["extlen"] - a.keylen)[ok],
         "key": _keys(a.buf, g.key_start[ok], g.key_len[ok]),
+        "json_check": _JSON_CHECK.take(pa.array(g.json[ok])),
     }
     for col, (arr, isset) in g.extras_cols.items():
         fast_cols[col] = pa.array(arr[ok], mask=~isset[ok])
@@ -579,8 +666,8 @@ def _record_columns(chunk: RecordChunk) -> dict[str, pa.Array]:
         ts_first[at], ts[at] = _times([h[0] for h in hv]), _times([h[1] for h in hv])
         packet_first[at], packet[at] = (np.array([h[i] for h in hv], np.int64) for i in (2, 3))
     tstype = SCHEMA.field("ts").type
-    cols["ts"] = _ts_array(ts, tstype)
-    cols["ts_first"] = _ts_array(ts_first, tstype)
+    cols["ts"] = ts_array(ts, tstype)
+    cols["ts_first"] = ts_array(ts_first, tstype)
     cols["packet"] = pa.array(packet)
     cols["packet_first"] = pa.array(packet_first)
     return cols
@@ -594,7 +681,7 @@ def _times(values: list[int]) -> np.ndarray:
         return np.array([t if isinstance(t, int) and TS_UNKNOWN < t <= TS_MAX else TS_UNKNOWN for t in values], np.int64)
 
 
-def _ts_array(ts: np.ndarray, tstype: pa.DataType) -> pa.Array:
+def ts_array(ts: np.ndarray, tstype: pa.DataType) -> pa.Array:
     """int64 ns as the timestamp column: :data:`~dcpinspect.flows.reassembly.TS_UNKNOWN` is null."""
     unknown = ts == TS_UNKNOWN
     return pa.array(ts, mask=unknown if unknown.any() else None).cast(tstype)

@@ -1,0 +1,1102 @@
+"""The columnar capture path: pcap/pcapng files -> the frames table, a window of packets at a time.
+
+Theory of operation
+-------------------
+The exact path (:func:`~dcpinspect.capture.read.read_chunks`) turns every
+packet into a :class:`~dcpinspect.flows.reassembly.Segment`, reassembles it
+and decodes it in Python, one object per packet and per frame.  Most TCP
+connections of a capture need none of that care: each direction is a run of
+segments in order, with no loss, retransmission or overlap, and its bytes are
+frames back to back.  This module proves that with array operations and reads
+those connections as arrays; every other connection goes, whole, through the
+exact path, and its rows are merged in their place.
+
+Two passes over the files, each a window of packets at a time
+(:func:`~dcpinspect.tables.packets_vector.segment_windows`: the link, IP and
+TCP headers parsed with numpy over an mmap):
+
+1. **The proof** (:class:`_Proof`).  A 4-tuple is *simple* when its first
+   packet is a SYN to a memcached server port (not TLS), each direction opens
+   with its SYN (the server's with SYN-ACK) and has no other SYN, no RST, no
+   byte the snaplen cut, every payload segment and FIN at exactly the next
+   sequence number (so no retransmission, overlap, gap or reordering), nothing
+   after its FIN, at most one FIN, and the first payload is not a TLS record.
+   Every other 4-tuple (and all traffic on other ports) is *exact*.
+2. **The decode** (:class:`_Decode`).  A simple direction's payloads are
+   joined and walked frame by frame with one precompiled ``struct`` loop (the
+   decoder's own plausibility rules); each frame's first and last byte find
+   their packets by binary search.  From the first header the walk does not
+   accept, that direction is fed to a real
+   :class:`~dcpinspect.wire.decoder.FrameDecoder` packet by packet (at a frame
+   boundary a fresh aligned decoder is in the very state the exact path's
+   is), and so are a direction's last bytes at its FIN or at the end.  Exact
+   4-tuples feed one :class:`~dcpinspect.flows.records.Recorder`.  The
+   session commands of each simple connection are followed by the one
+   :class:`~dcpinspect.flows.session.ConnState`, in order, for the contexts.
+   The rows of both kinds are sorted by what emitted them - the packet (its
+   position in the capture) and their order within it, or the end of the
+   capture - and numbered; connections are numbered in the order they became
+   known.  That is exactly the order and numbering of the exact path.
+   The columns are then built by :func:`~dcpinspect.tables.frames_vector.value_columns`
+   (the protocol table's layouts and rules, over arrays).
+
+Rules:
+
+1. The table equals the exact path's, row for row and column for column,
+   and so do the capture's statistics (files, skipped packets, connections
+   and their counters, what each connection negotiated).  A differential
+   test holds it to that on every capture we have.
+2. One odd connection never slows the others: the proof is per 4-tuple.
+3. Memory is bounded by the window (and a frame's bytes per direction held
+   across windows), not by the capture: the packet arrays of a window and the
+   rows it completed, never the whole capture.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..flows.reassembly import (
+    ACK,
+    DEFAULT_SERVER_PORTS,
+    FIN,
+    RST,
+    SYN,
+    TLS_PORTS,
+    Connection,
+    HalfStream,
+    Segment,
+    plausible_start,
+    tls_record,
+)
+from ..flows.records import CaptureStats, Record, Recorder, gc_paused
+from ..flows.session import Sessions
+from ..protocol import spec
+from ..protocol.session import SESSION_OPS
+from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder
+from ..wire.dissection import DissectContext
+from ..wire.events import Event, Frame
+from .columns import FrameColumns
+from .frames_vector import SCHEMA, FrameRows, ts_array, value_columns
+
+if TYPE_CHECKING:
+    from .packets_vector import SegmentWindow
+
+__all__ = ["frame_walk", "read_columnar"]
+
+_MASK32 = 0xFFFFFFFF
+_GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
+_CLOSE = 1 << 62  # rows emitted at the end of the capture sort after every packet
+_WINDOW = 32 << 20
+
+
+# --------------------------------------------------------------------------- the frame walk
+
+
+def _lengths_struct() -> struct.Struct:
+    """magic, key length field, extras length, body length: the header fields framing needs, at the table's offsets."""
+    fmt = spec.HEADER.format.lstrip(">")
+    keep = {0: "B", 2: "H", 3: "B", 6: "I"}  # magic, keylen, extlen, bodylen (spec.HEADER's order)
+    return struct.Struct(">" + "".join(keep.get(i, "x" * struct.calcsize(">" + ch)) for i, ch in enumerate(fmt)))
+
+
+_LENGTHS = _lengths_struct()
+_ALT = spec.ALT_MAGICS
+_CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
+_HS = spec.HEADER_SIZE
+
+
+def frame_walk(buf: bytes, max_body: int = DEFAULT_MAX_BODY) -> tuple[list[int], int, bool]:
+    """Frames back to back from ``buf[0]``: (their starts, where the walk stopped, whether it stopped at an implausible header).
+
+    A frame is accepted exactly when the decoder's aligned loop accepts it (a
+    known magic, its sections within its body, the body within ``max_body``).
+    Stopping short of the end without an implausible header means the rest
+    is the start of a frame not yet complete.
+    """
+    unpack = _LENGTHS.unpack_from
+    classic, alt = _CLASSIC, _ALT
+    starts: list[int] = []
+    app = starts.append
+    pos = 0
+    n = len(buf)
+    while pos + _HS <= n:
+        m, kl, el, body = unpack(buf, pos)
+        if m in classic:
+            if not kl + el <= body <= max_body:
+                return starts, pos, True
+        elif m in alt:
+            if not (kl >> 8) + (kl & 0xFF) + el <= body <= max_body:
+                return starts, pos, True
+        else:
+            return starts, pos, True
+        end = pos + _HS + body
+        if end > n:
+            break
+        app(pos)
+        pos = end
+    return starts, pos, False
+
+
+# --------------------------------------------------------------------------- tuples
+
+
+def _tuple_ids(w: SegmentWindow, index: dict[tuple[str, int, str, int], int]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Each segment's 4-tuple id (numbered in order of first sight), its first index in the window, and the new ids."""
+    a = (w.src.astype(np.int64) << 16) | w.sport.astype(np.int64)
+    b = (w.dst.astype(np.int64) << 16) | w.dport.astype(np.int64)
+    pair = np.empty(len(a), dtype=[("lo", "i8"), ("hi", "i8")])
+    pair["lo"] = np.minimum(a, b)
+    pair["hi"] = np.maximum(a, b)
+    uniq, first, inv = np.unique(pair, return_index=True, return_inverse=True)
+    addrs = w.addresses
+    ids = np.empty(len(uniq), np.int64)
+    new: list[int] = []
+    for j in np.argsort(first, kind="stable").tolist():  # in order of first sight
+        lo, hi = int(uniq[j]["lo"]), int(uniq[j]["hi"])
+        key = (addrs[lo >> 16], lo & 0xFFFF, addrs[hi >> 16], hi & 0xFFFF)
+        t = index.get(key)
+        if t is None:
+            t = index[key] = len(index)
+            new.append(t)
+        ids[j] = t
+    return ids[inv.reshape(-1)], first, new
+
+
+class _Grow:
+    """Per-id numpy state that grows as ids appear."""
+
+    def __init__(self, dtype: Any, fill: Any = 0) -> None:
+        self.a = np.full(64, fill, dtype)
+        self.fill = fill
+
+    def need(self, n: int) -> np.ndarray:
+        if n > len(self.a):
+            b = np.full(max(n, 2 * len(self.a)), self.fill, self.a.dtype)
+            b[: len(self.a)] = self.a
+            self.a = b
+        return self.a
+
+
+@dataclass
+class _Proof:
+    """Pass 1: which 4-tuples are simple (see the module docstring)."""
+
+    server_ports: frozenset[int]
+    tls_ports: frozenset[int]
+    detect: bool
+    index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
+    client: list[tuple[str, int]] = field(default_factory=list)  # per tuple: the SYN's sender
+    bad: _Grow = field(default_factory=lambda: _Grow(bool))
+    started: _Grow = field(default_factory=lambda: _Grow(bool))  # per direction (2 * tuple + dir): its SYN seen
+    expected: _Grow = field(default_factory=lambda: _Grow(np.int64))  # per direction: the next sequence number
+    fin: _Grow = field(default_factory=lambda: _Grow(bool))  # per direction: FIN seen
+    sniffed: _Grow = field(default_factory=lambda: _Grow(bool))  # per tuple: first payload looked at
+    rst: _Grow = field(default_factory=lambda: _Grow(bool))  # per tuple: reset
+    known: _Grow = field(default_factory=lambda: _Grow(bool))  # per tuple: its SYN went to a server port
+    adopt: _Grow = field(default_factory=lambda: _Grow(np.int64, -1))  # per tuple: the position of the packet that made it known
+
+    def window(self, w: SegmentWindow) -> None:
+        """Take one window's segments."""
+        n = len(w.number)
+        if not n:
+            return
+        tid, first, new = _tuple_ids(w, self.index)
+        nt = len(self.index)
+        bad = self.bad.need(nt)
+        known = self.known.need(nt)
+        adopt = self.adopt.need(nt)
+        self.sniffed.need(nt)
+        self.rst.need(nt)
+        gpos = _gpos(w)
+        firsts = {int(tid[i]): int(i) for i in first.tolist()}
+        for t in new:
+            i = firsts[t]
+            flags = int(w.flags[i])
+            self.client.append((w.addresses[int(w.src[i])], int(w.sport[i])))
+            dport = int(w.dport[i])
+            known[t] = dport in self.server_ports
+            if known[t]:
+                adopt[t] = gpos[i]  # a SYN to a server port: known at once
+            if not (flags & SYN and not flags & ACK) or dport in self.tls_ports or not (known[t] or self.detect):
+                bad[t] = True
+        d = self._directions(w, tid)
+        after_rst = self._resets(w, tid)
+        self._check(w, tid, d, after_rst)
+        self._sniff(w, tid, gpos)
+
+    def _resets(self, w: SegmentWindow, tid: np.ndarray) -> np.ndarray:
+        """Segments after their connection's first RST (the RST itself included when it carries nothing)."""
+        rst = (w.flags & RST) != 0
+        order = np.argsort(tid, kind="stable")
+        g = tid[order]
+        r = rst[order].astype(np.int64)
+        head = np.ones(len(g), bool)
+        head[1:] = g[1:] != g[:-1]
+        gstart = np.flatnonzero(head)
+        group = np.cumsum(head) - 1
+        cs = np.cumsum(r)
+        before = (cs - r) - (cs - r)[gstart][group]
+        after = np.empty(len(g), bool)
+        after[order] = (before > 0) | self.rst.a[g]
+        # payload after a reset is not decoded by the exact path (counted as after the end): not simple
+        self.bad.a[tid[after & (w.plen > 0)]] = True
+        seen = np.zeros(len(self.index), bool)
+        seen[tid[rst]] = True
+        self.rst.a[: len(seen)] |= seen
+        return after | (rst & (w.plen == 0))
+
+    def _directions(self, w: SegmentWindow, tid: np.ndarray) -> np.ndarray:
+        """Each segment's direction: 0 from the client, 1 from the server."""
+        where = {s: i for i, s in enumerate(w.addresses)}
+        active = np.unique(tid)
+        code = np.full(len(self.index), -1, np.int64)
+        for t in active.tolist():
+            host, port = self.client[t]
+            k = where.get(host)
+            code[t] = -2 if k is None else (k << 16) | port
+        src = (w.src.astype(np.int64) << 16) | w.sport.astype(np.int64)
+        return (src != code[tid]).astype(np.int64)
+
+    def _check(self, w: SegmentWindow, tid: np.ndarray, d: np.ndarray, after_rst: np.ndarray) -> None:
+        dirid = tid * 2 + d
+        nd = 2 * len(self.index)
+        started = self.started.need(nd)
+        expected = self.expected.need(nd)
+        fin_seen = self.fin.need(nd)
+        bad = self.bad.a
+        order = np.argsort(dirid, kind="stable")
+        g = dirid[order]
+        flags = w.flags[order]
+        seq = w.seq[order]
+        plen = w.plen[order]
+        n = len(g)
+        head = np.ones(n, bool)
+        head[1:] = g[1:] != g[:-1]
+        gstart = np.flatnonzero(head)
+        gid = g[gstart]
+        group = np.cumsum(head) - 1
+        syn = (flags & SYN) != 0
+        ack = (flags & ACK) != 0
+        fin = (flags & FIN) != 0
+        wrong = w.missing[order] != 0
+        quiet = after_rst[order]  # after a reset only payload matters (and is refused above)
+        # a direction not yet started must open with its SYN (the server's with ACK), carrying nothing
+        fresh = ~started[gid]
+        first_ok = syn[gstart] & (ack[gstart] == (gid & 1).astype(bool)) & (plen[gstart] == 0) & ~fin[gstart]
+        opened = np.zeros(n, bool)
+        opened[gstart] = fresh
+        wrong[gstart] |= fresh & ~first_ok
+        wrong |= syn & ~opened  # any other SYN
+        base = np.where(fresh, seq[gstart] + 1, expected[gid]) & _MASK32
+        cs = np.cumsum(plen)
+        before = cs - plen - (cs - plen)[gstart][group]  # payload bytes earlier in the same direction, this window
+        want = (base[group] + before) & _MASK32
+        relevant = ((plen > 0) | fin) & ~opened & ~quiet
+        wrong |= relevant & (seq != want)
+        # at most one FIN per direction, and nothing after it
+        fin = fin & ~quiet
+        fins_before = np.cumsum(fin) - fin - (np.cumsum(fin) - fin)[gstart][group] + fin_seen[gid][group]
+        wrong |= (fins_before > 0) & relevant
+        wrong_dir = np.zeros(len(gid), bool)
+        np.logical_or.at(wrong_dir, group, wrong)
+        bad[gid[wrong_dir] >> 1] = True
+        total = np.add.reduceat(plen, gstart)
+        expected[gid] = (base + total) & _MASK32
+        started[gid] = True
+        fin_seen[gid] |= np.logical_or.reduceat(fin, gstart)
+
+    def _sniff(self, w: SegmentWindow, tid: np.ndarray, gpos: np.ndarray) -> None:
+        """The first payload decides, as the reassembler does: a TLS record is not decoded; on another port it must look like memcached binary."""
+        sniffed = self.sniffed.a
+        with_payload = np.flatnonzero(w.plen > 0)
+        if not len(with_payload):
+            return
+        t, at = np.unique(tid[with_payload], return_index=True)
+        for tt, i in zip(t.tolist(), with_payload[at].tolist(), strict=True):
+            if sniffed[tt]:
+                continue
+            sniffed[tt] = True
+            p = int(w.poff[i])
+            head = bytes(w.data[p : p + min(_HS, int(w.plen[i]))])
+            if tls_record(head):
+                self.bad.a[tt] = True
+            elif not self.known.a[tt]:
+                if plausible_start(head):
+                    self.adopt.a[tt] = gpos[i]
+                else:
+                    self.bad.a[tt] = True
+
+
+def _gpos(w: SegmentWindow) -> np.ndarray:
+    """Each segment's position in the capture (file index, packet number)."""
+    return (np.int64(w.file_index) << _GPOS_SHIFT) | w.number
+
+
+# --------------------------------------------------------------------------- pass 2
+
+
+@dataclass
+class _Half:
+    """One direction of a simple connection while it is decoded."""
+
+    conn: _Conn
+    d: str
+    end: int = 0  # stream offset after the bytes delivered so far
+    base: int = 0  # stream offset of ``leftover[0]``
+    leftover: bytes = b""
+    decoder: FrameDecoder | None = None  # from the first header the walk did not accept
+    dec_base: int = 0  # stream offset of the decoder's offset 0
+    runs: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))  # (stream offset, gpos, ts, file index, number)
+    finished: bool = False
+    segments: int = 0
+    half: HalfStream | None = None
+
+
+@dataclass
+class _Conn:
+    """A simple connection while it is decoded."""
+
+    tid: int
+    gpos: int  # where it became known
+    conn: Connection
+    halves: dict[str, _Half] = field(default_factory=dict)
+    gid: int = 0
+    reset: bool = False
+
+
+@dataclass
+class _Rows:
+    """Rows of a window before they are sorted: (k1, k2) and what they are."""
+
+    k1: list[np.ndarray] = field(default_factory=list)
+    k2: list[np.ndarray] = field(default_factory=list)
+    kind: list[np.ndarray] = field(default_factory=list)  # 0 a walked frame, 1 an event, 2 a record
+    ref: list[np.ndarray] = field(default_factory=list)  # index into walked frames / events / records
+    # walked frames: where their bytes are, their stream offsets, connection, direction and packets
+    bufs: list[bytes] = field(default_factory=list)
+    w_buf: list[np.ndarray] = field(default_factory=list)
+    w_start: list[np.ndarray] = field(default_factory=list)
+    w_len: list[np.ndarray] = field(default_factory=list)
+    w_off: list[np.ndarray] = field(default_factory=list)
+    w_half: list[np.ndarray] = field(default_factory=list)
+    w_first: list[np.ndarray] = field(default_factory=list)  # (gpos, ts, file, number) of the packet holding the first byte
+    w_last: list[np.ndarray] = field(default_factory=list)
+    w_count = 0
+    # events of the decoders: (event, half, first run, last run, file) ...
+    events: list[tuple[Event, _Half, np.ndarray, np.ndarray, int]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    halves: list[_Half] = field(default_factory=list)
+    half_index: dict[int, int] = field(default_factory=dict)
+
+    def half(self, h: _Half) -> int:
+        """``h``'s index in :attr:`halves`."""
+        i = self.half_index.get(id(h))
+        if i is None:
+            i = self.half_index[id(h)] = len(self.halves)
+            self.halves.append(h)
+        return i
+
+    def add(self, k1: np.ndarray, k2: np.ndarray, kind: int, ref: np.ndarray) -> None:
+        self.k1.append(k1)
+        self.k2.append(k2)
+        self.kind.append(np.full(len(k1), kind, np.int8))
+        self.ref.append(ref)
+
+
+class _Decode:
+    """Pass 2: simple connections as arrays, the rest through a :class:`Recorder`; rows in the exact path's order."""
+
+    def __init__(
+        self,
+        proof: _Proof,
+        paths: list[str],
+        stats: CaptureStats,
+        *,
+        server_ports: Iterable[int],
+        detect: bool,
+        tls_ports: Iterable[int],
+        max_body: int,
+        reveal_secrets: bool,
+        json_check: bool,
+        rows: int,
+    ) -> None:
+        self.proof = proof
+        self.paths = paths
+        self.file_index = {p: i for i, p in enumerate(paths)}
+        self.stats = stats
+        self.max_body = max_body
+        self.json_check = json_check
+        self.rows = rows
+        self.exact = Recorder(
+            server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, reveal_secrets=reveal_secrets
+        )
+        self.exact_seen = 0
+        self.exact_gid: dict[int, int] = {}  # the recorder's connection id -> the capture's
+        self.sessions = Sessions({}, reveal_secrets)
+        self.conns: dict[int, _Conn] = {}  # tuple -> its connection
+        self.by_gid: dict[int, Connection] = {}
+        self.next_gid = 1
+        self.number = 0
+        self.last: tuple[int, int, str] | None = None  # (ts, number, path) of the capture's last segment
+        self.where: dict[str, int] = {}
+        self.pending: dict[int, _Conn] = {}  # simple connections not yet known (waiting for their first payload)
+        self._k2: dict[int, int] = {}  # a packet's position -> the next k2 of the rows it emitted (this window)
+        self.labels: dict[int, str] = {}  # connection id -> label
+
+    # --- one window ---------------------------------------------------------------
+    def window(self, w: SegmentWindow) -> Iterator[pa.RecordBatch]:
+        n = len(w.number)
+        if not n:
+            return
+        fi = w.file_index
+        gpos = _gpos(w)
+        tid, _first, _new = _tuple_ids(w, self.proof.index)
+        simple = ~self.proof.bad.a[tid]
+        rows = _Rows()
+        self._k2 = {}
+        adopted: list[tuple[int, int, Any]] = []  # (gpos, kind, what) of connections that became known
+        self._exact(w, np.flatnonzero(~simple), gpos, rows, adopted)
+        self._simple(w, np.flatnonzero(simple), tid, gpos, fi, rows, adopted)
+        self.last = (int(w.ts[-1]), int(w.number[-1]), w.path)
+        self._adopt(adopted)
+        yield from self._emit(rows)
+
+    def _exact(self, w: SegmentWindow, idx: np.ndarray, gpos: np.ndarray, rows: _Rows, adopted: list[tuple[int, int, Any]]) -> None:
+        """Feed the segments of exact 4-tuples to the recorder; note the records and connections they made."""
+        if not len(idx):
+            return
+        rec = self.exact
+        conns = rec.reassembler.connections
+        addrs = w.addresses
+        data = w.data
+        path = w.path
+        out = rows.records
+        k1s: list[int] = []
+        k2s: list[int] = []
+        cols = [a[idx].tolist() for a in (w.ts, w.src, w.sport, w.dst, w.dport, w.seq, w.flags, w.poff, w.plen, w.missing, w.number, gpos)]
+        for ts, src, sport, dst, dport, seq, flags, poff, plen, missing, number, g in zip(*cols, strict=True):
+            got = rec.feed(
+                Segment(ts, addrs[src], sport, addrs[dst], dport, seq, flags, bytes(data[poff : poff + plen]), missing, number, path)
+            )
+            if len(conns) > self.exact_seen:
+                for c in conns[self.exact_seen :]:
+                    adopted.append((g, 1, c))
+                self.exact_seen = len(conns)
+            if got:
+                out += got
+                k1s += [g] * len(got)
+                k2s += range(len(got))
+        if k1s:
+            m = len(k1s)
+            rows.add(np.array(k1s, np.int64), np.array(k2s, np.int64), 2, np.arange(len(out) - m, len(out), dtype=np.int64))
+
+    def _simple(
+        self,
+        w: SegmentWindow,
+        idx: np.ndarray,
+        tid: np.ndarray,
+        gpos: np.ndarray,
+        fi: int,
+        rows: _Rows,
+        adopted: list[tuple[int, int, Any]],
+    ) -> None:
+        """The segments of simple 4-tuples: connections, directions, frames."""
+        if not len(idx):
+            return
+        t = tid[idx]
+        # connections seen for the first time: known at their first packet (a SYN to a server port)
+        ut, at = np.unique(t, return_index=True)
+        for tt, i in zip(ut.tolist(), idx[at].tolist(), strict=True):
+            c = self.conns.get(tt)
+            if c is None:
+                client = self.proof.client[tt]
+                src = (w.addresses[int(w.src[i])], int(w.sport[i]))
+                dst = (w.addresses[int(w.dst[i])], int(w.dport[i]))
+                server = dst if src == client else src
+                conn = Connection(0, client, server, file=w.path, syn_seen=True, role_source="syn", first_ts=int(w.ts[i]))
+                c = self.conns[tt] = _Conn(tt, int(self.proof.adopt.a[tt]), conn)
+                self.pending[tt] = c
+        # connections known from this window on: at their SYN (a server port) or their first payload (detected)
+        top = int(gpos[-1])
+        for tt, c in list(self.pending.items()):
+            if 0 <= c.gpos <= top:
+                adopted.append((c.gpos, 0, c))
+                del self.pending[tt]
+        # per connection: packets, latest time and file
+        counts = np.bincount(np.searchsorted(ut, t), minlength=len(ut))
+        last = idx[len(idx) - 1 - np.unique(t[::-1], return_index=True)[1]]
+        for tt, k, li in zip(ut.tolist(), counts.tolist(), last.tolist(), strict=True):
+            conn = self.conns[tt].conn
+            conn.packets += k
+            conn.last_ts = int(w.ts[li])
+            conn.last_file = w.path
+        # per direction, in capture order
+        client_src = self._client_mask(w, idx, t)
+        dirid = t * 2 + (~client_src)
+        order = np.argsort(dirid, kind="stable")
+        sidx = idx[order]
+        sd = dirid[order]
+        head = np.ones(len(sd), bool)
+        head[1:] = sd[1:] != sd[:-1]
+        bounds = np.append(np.flatnonzero(head), len(sd))
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            did = int(sd[a])
+            c = self.conns[did >> 1]
+            d = "s2c" if did & 1 else "c2s"
+            h = c.halves.get(d)
+            if h is None:
+                h = c.halves[d] = _Half(c, d)
+                c.conn.halves[d] = h.half = HalfStream(aligned=True, max_body=self.max_body, window=0)
+            self._direction(w, h, sidx[a:b], gpos, fi, rows)
+        # a reset ends every direction at its packet, after the payloads before it (none may follow it)
+        rst = idx[(w.flags[idx] & RST) != 0]
+        if len(rst):
+            rt, at = np.unique(tid[rst], return_index=True)
+            for tt, i in zip(rt.tolist(), rst[at].tolist(), strict=True):
+                c = self.conns[tt]
+                if not c.reset:
+                    c.reset = True
+                    for h in c.halves.values():
+                        self._finish(h, int(gpos[i]), rows)
+                    c.conn.closed = True
+
+    def _client_mask(self, w: SegmentWindow, idx: np.ndarray, t: np.ndarray) -> np.ndarray:
+        where = self.where
+        for i in range(len(where), len(w.addresses)):
+            where[w.addresses[i]] = i
+        ut = np.unique(t)
+        code = {}
+        for tt in ut.tolist():
+            host, port = self.conns[tt].conn.client
+            code[tt] = (where[host] << 16) | port
+        cc = np.array([code[x] for x in ut.tolist()], np.int64)[np.searchsorted(ut, t)]
+        src = (w.src[idx].astype(np.int64) << 16) | w.sport[idx].astype(np.int64)
+        return src == cc
+
+    def _direction(self, w: SegmentWindow, h: _Half, pk: np.ndarray, gpos: np.ndarray, fi: int, rows: _Rows) -> None:
+        """One direction's segments of this window (capture order): deliver payloads, walk frames, finish at FIN."""
+        flags = w.flags[pk]
+        if flags[0] & SYN:
+            h.conn.conn.isn[h.d] = int(w.seq[pk[0]])
+        pay = pk[w.plen[pk] > 0]
+        if len(pay):
+            h.conn.conn.sniffed = True
+            plen = w.plen[pay]
+            offs = h.end + np.concatenate(([0], np.cumsum(plen)[:-1]))
+            runs = np.stack([offs, gpos[pay], w.ts[pay], np.full(len(pay), fi, np.int64), w.number[pay]], 1)
+            h.runs = np.concatenate((h.runs, runs)) if len(h.runs) else runs
+            h.segments += len(pay)
+            assert h.half is not None
+            h.half.segments += len(pay)
+            h.half.bytes += int(plen.sum())
+            data = w.data
+            pieces = [data[p : p + q] for p, q in zip(w.poff[pay].tolist(), plen.tolist(), strict=True)]
+            new_end = h.end + int(plen.sum())
+            if h.decoder is None:
+                buf = h.leftover + b"".join(pieces)
+                self._walk(h, buf, rows)
+            else:
+                self._feed(h, [bytes(p) for p in pieces], len(h.runs) - len(pay), rows)
+            h.end = new_end
+        fins = pk[(flags & FIN) != 0]
+        if len(fins):
+            self._finish(h, int(gpos[fins[0]]), rows)
+
+    def _walk(self, h: _Half, buf: bytes, rows: _Rows) -> None:
+        """Frames back to back from the start of ``buf`` (stream offset ``h.base``); the rest waits, or goes to a decoder."""
+        starts_l, stop, implausible = frame_walk(buf, self.max_body)
+        base = h.base
+        if starts_l:
+            starts = np.array(starts_l, np.int64)
+            ends = np.append(starts[1:], stop)
+            lens = ends - starts
+            off = base + starts
+            first = np.searchsorted(h.runs[:, 0], off, "right") - 1
+            last = np.searchsorted(h.runs[:, 0], off + lens - 1, "right") - 1
+            k1 = h.runs[last, 1]
+            k2 = _rank(last)
+            k2[k1 == k1[0]] += self._k2_start(h, int(k1[0]))
+            j = len(rows.bufs)
+            rows.bufs.append(buf)
+            m = len(starts)
+            rows.w_buf.append(np.full(m, j, np.int64))
+            rows.w_start.append(starts)
+            rows.w_len.append(lens)
+            rows.w_off.append(off)
+            rows.w_half.append(np.full(m, rows.half(h), np.int64))
+            rows.w_first.append(h.runs[first])
+            rows.w_last.append(h.runs[last])
+            ref = np.arange(rows.w_count, rows.w_count + m, dtype=np.int64)
+            rows.w_count += m
+            rows.add(k1, k2, 0, ref)
+            self._note_k2(h, int(k1[-1]), int(k2[-1]) + 1)
+        h.base = base + stop
+        if implausible:
+            # from here on the decoder itself, packet by packet (at a frame boundary: a fresh aligned decoder's state)
+            h.decoder = FrameDecoder(max_body=self.max_body)
+            h.dec_base = h.base
+            r = int(np.searchsorted(h.runs[:, 0], h.base, "right") - 1)
+            rest = buf[stop:]
+            offs = h.runs[r:, 0] - h.base
+            offs[0] = 0
+            pieces = [rest[a:b] for a, b in zip(offs.tolist(), [*offs[1:].tolist(), len(rest)], strict=True)]
+            h.leftover = b""
+            self._feed(h, pieces, r, rows)
+        else:
+            h.leftover = buf[stop:]
+            self._trim_runs(h, h.base)
+
+    def _feed(self, h: _Half, pieces: list[bytes], r0: int, rows: _Rows) -> None:
+        """Feed the decoder one packet's bytes at a time (``pieces[i]`` belongs to run ``r0 + i``)."""
+        dec = h.decoder
+        assert dec is not None
+        for i, piece in enumerate(pieces):
+            evs = dec.feed(piece)
+            if evs:
+                self._events(h, evs, h.runs[r0 + i], rows)
+        self._trim_runs(h, h.dec_base + dec.offset - dec.buffered)
+
+    def _events(self, h: _Half, evs: list[Event], emitted_by: np.ndarray, rows: _Rows) -> None:
+        """Decoder events emitted at run ``emitted_by`` (a packet; or the end of the capture)."""
+        g = int(emitted_by[1])
+        k2 = self._k2_start(h, g)
+        base = len(rows.events)
+        rows.events += [(ev, h, first, last, -1) for ev, first, last in _placed(h, evs)]
+        m = len(evs)
+        rows.add(np.full(m, g, np.int64), np.arange(k2, k2 + m, dtype=np.int64), 1, np.arange(base, base + m, dtype=np.int64))
+        self._note_k2(h, g, k2 + m)
+
+    def _finish(self, h: _Half, g: int, rows: _Rows) -> None:
+        """The direction's FIN (everything before it delivered): what the decoder still holds, as at the end of a stream."""
+        if h.finished:
+            return
+        h.finished = True
+        evs = self._close_events(h)
+        if evs:
+            base = len(rows.events)
+            k2 = self._k2_start(h, g)
+            file_i = int(g >> _GPOS_SHIFT)  # the file of the packet that ended it
+            for ev, first, last in evs:
+                rows.events.append((ev, h, first, last, file_i))
+            m = len(evs)
+            rows.add(np.full(m, g, np.int64), np.arange(k2, k2 + m, dtype=np.int64), 1, np.arange(base, base + m, dtype=np.int64))
+            self._note_k2(h, g, k2 + m)
+        if h.half is not None:
+            h.half.closed = True
+
+    def _close_events(self, h: _Half) -> list[tuple[Event, np.ndarray, np.ndarray]]:
+        if h.decoder is None:
+            if not h.leftover:
+                return []
+            h.decoder = FrameDecoder(max_body=self.max_body)
+            h.dec_base = h.base
+            pre = h.decoder.feed(h.leftover)
+            h.leftover = b""
+        else:
+            pre = []
+        return _placed(h, pre + h.decoder.close())
+
+    # k2: a row's order among the rows emitted by one packet (one direction's: a packet has one)
+    def _k2_start(self, h: _Half, g: int) -> int:
+        return self._k2.get(g, 0)
+
+    def _note_k2(self, h: _Half, g: int, nxt: int) -> None:
+        self._k2[g] = nxt
+
+    @staticmethod
+    def _trim_runs(h: _Half, keep_from: int) -> None:
+        """Forget the runs wholly before stream offset ``keep_from`` (no byte still held is in them)."""
+        runs = h.runs
+        if len(runs) > 1:
+            r = int(np.searchsorted(runs[:, 0], keep_from, "right") - 1)
+            if r > 0:
+                h.runs = runs[r:]
+
+    def _adopt(self, adopted: list[tuple[int, int, Any]]) -> None:
+        """Number the connections that became known in this window, in that order."""
+        adopted.sort(key=lambda x: (x[0], x[1]))
+        for _g, kind, what in adopted:
+            gid = self.next_gid
+            self.next_gid += 1
+            if kind == 0:
+                what.gid = gid
+                what.conn.id = gid
+                self.by_gid[gid] = what.conn
+            else:
+                self.exact_gid[what.id] = gid
+                self.by_gid[gid] = what
+
+    # --- rows out -------------------------------------------------------------------
+    def _emit(self, rows: _Rows) -> Iterator[pa.RecordBatch]:
+        """The rows of a window in the exact path's order, as record batches of at most ``self.rows`` rows."""
+        if not rows.k1:
+            return
+        k1 = np.concatenate(rows.k1)
+        k2 = np.concatenate(rows.k2)
+        order = np.lexsort((k2, k1))
+        kind = np.concatenate(rows.kind)[order]
+        ref = np.concatenate(rows.ref)[order]
+        t = self._table(kind, ref, rows)
+        n = len(kind)
+        for a in range(0, n, self.rows):
+            yield self._batch(t, a, min(n, a + self.rows))
+
+    def _table(self, kind: np.ndarray, ref: np.ndarray, rows: _Rows) -> _Table:
+        """Every row's record columns, bytes and context as arrays (walked frames at once; events and records one by one)."""
+        n = len(kind)
+        w = _Walked.of(rows)
+        t = _Table(n)
+        halves = rows.halves
+        half_gid = np.array([h.conn.gid for h in halves], np.int64)
+        half_dir = np.array([h.d == "s2c" for h in halves], np.int64)
+        for h in halves:
+            self.labels[h.conn.gid] = h.conn.conn.label
+        sizes = np.fromiter(map(len, rows.bufs), np.int64, len(rows.bufs))
+        bufbase = np.zeros(len(sizes), np.int64)
+        if len(sizes):
+            np.cumsum(sizes[:-1], out=bufbase[1:])
+        w0 = np.flatnonzero(kind == 0)
+        r0 = ref[w0]
+        if len(w0):
+            hw = w.half_ids[r0]
+            first, last = w.first[r0], w.last[r0]
+            t.gid[w0] = half_gid[hw]
+            t.dir[w0] = half_dir[hw]
+            t.file[w0] = last[:, 3]
+            t.ts[w0], t.ts_first[w0] = last[:, 2], first[:, 2]
+            t.packet[w0], t.packet_first[w0] = last[:, 4], first[:, 4]
+            t.is_frame[w0] = True
+            t.start[w0] = bufbase[w.buf[r0]] + w.start[r0]
+            t.length[w0] = w.length[r0]
+            t.offset[w0] = w.off[r0]
+        extra: list[bytes] = []
+        at = int(sizes.sum())
+        for i in np.flatnonzero(kind != 0).tolist():
+            r = int(ref[i])
+            if kind[i] == 1:
+                ev, h, first_run, last_run, file_i = rows.events[r]
+                t.gid[i], t.dir[i] = h.conn.gid, h.d == "s2c"
+                self.labels[h.conn.gid] = h.conn.conn.label
+                t.file[i] = int(last_run[3]) if file_i < 0 else file_i
+                t.ts[i], t.ts_first[i] = int(last_run[2]), int(first_run[2])
+                t.packet[i], t.packet_first[i] = int(last_run[4]), int(first_run[4])
+            else:
+                rec = rows.records[r]
+                ev = rec.event
+                gid = self.exact_gid[rec.conn]
+                self.labels[gid] = rec.conn_label
+                t.gid[i], t.dir[i], t.file[i] = gid, rec.direction == "s2c", self.file_index[rec.file]
+                t.ts[i], t.ts_first[i], t.packet[i], t.packet_first[i] = rec.ts, rec.ts_first, rec.packet, rec.packet_first
+                t.fixed[i] = rec.context
+            t.events[i] = ev
+            if ev.__class__ is Frame and ev[2] == "mcbp":
+                raw = ev[1]
+                t.is_frame[i] = True
+                t.start[i], t.length[i], t.offset[i] = at, len(raw), ev[0]
+                extra.append(raw)
+                at += len(raw)
+        t.joined = b"".join([*rows.bufs, *extra])
+        self._contexts(t, kind)
+        return t
+
+    def _contexts(self, t: _Table, kind: np.ndarray) -> None:
+        """Each row's dissection context: a record's own; on a simple connection, what its session negotiated before the row."""
+        codes: dict[int, int] = {}
+
+        def code(c: DissectContext) -> int:
+            k = codes.get(id(c))
+            if k is None:
+                k = codes[id(c)] = len(t.contexts)
+                t.contexts.append(c)
+            return k
+
+        ours = np.flatnonzero(kind != 2)
+        state = self.sessions.state
+        by_gid = self.by_gid
+        gids = np.unique(t.gid[ours]).tolist()
+        base = np.zeros(max(gids, default=0) + 1, np.int64)
+        for g in gids:
+            base[g] = code(state(by_gid[g]).context)
+        t.ctx[ours] = base[t.gid[ours]]
+        for i in np.flatnonzero(kind == 2).tolist():
+            t.ctx[i] = code(t.fixed[i])
+        # the session commands of simple connections, in order: each changes what the rows after it mean
+        buf = np.frombuffer(t.joined, np.uint8)
+        framed = ours[t.is_frame[ours]]
+        opcode = buf[t.start[framed] + 1] if len(framed) else np.zeros(0, np.uint8)
+        session = framed[np.isin(opcode, _SESSION_OPS)]
+        changes: dict[int, list[tuple[int, int]]] = {}
+        for i in session.tolist():
+            g = int(t.gid[i])
+            st = state(by_gid[g])
+            before = st.context
+            st.observe("s2c" if t.dir[i] else "c2s", t.frame(i))
+            if st.context is not before:
+                changes.setdefault(g, []).append((i, code(st.context)))
+        for g, ch in changes.items():
+            mine = ours[t.gid[ours] == g]
+            pos = np.array([p for p, _c in ch], np.int64)
+            after = np.array([base[g]] + [c for _p, c in ch], np.int64)
+            t.ctx[mine] = after[np.searchsorted(pos, mine, "left")]
+
+    def _batch(self, t: _Table, a: int, b: int) -> pa.RecordBatch:
+        """Rows ``a:b`` of the window as a record batch (numbered on)."""
+        n = b - a
+        first_number = self.number + 1
+        self.number += n
+        is_frame = t.is_frame[a:b]
+        fr = np.flatnonzero(is_frame)
+
+        def dissect_rows(which: np.ndarray) -> FrameColumns:
+            cols = FrameColumns()
+            for i in (which + a).tolist():
+                cols.add(Record(0, "", 0, "", "", 0, 0, 0, 0, t.event(i), t.contexts[int(t.ctx[i])]))
+            return cols
+
+        rows = FrameRows(
+            n,
+            fr,
+            t.joined,
+            t.start[a:b][fr],
+            t.length[a:b][fr],
+            t.offset[a:b][fr],
+            t.ctx[a:b][fr],
+            t.contexts,
+            dissect_rows,
+            self.json_check,
+        )
+        cols = value_columns(rows)
+        gid = t.gid[a:b]
+        ug, inv = np.unique(gid, return_inverse=True)
+        cols["file"] = pa.array(self.paths, pa.string()).take(pa.array(t.file[a:b]))
+        cols["frame"] = pa.array(np.arange(first_number, first_number + n, dtype=np.int64))
+        cols["conn_id"] = pa.array(gid.astype(np.int32))
+        cols["conn"] = pa.array([self.labels[g] for g in ug.tolist()], pa.string()).take(pa.array(inv.reshape(-1)))
+        cols["dir"] = _DIRS.take(pa.array(t.dir[a:b]))
+        tstype = SCHEMA.field("ts").type
+        cols["ts"] = ts_array(t.ts[a:b], tstype)
+        cols["ts_first"] = ts_array(t.ts_first[a:b], tstype)
+        cols["packet"] = pa.array(t.packet[a:b])
+        cols["packet_first"] = pa.array(t.packet_first[a:b])
+        return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+    # --- the end ------------------------------------------------------------------------
+    def close(self) -> Iterator[pa.RecordBatch]:
+        """The end of the capture: what every connection still holds, in connection order."""
+        rows = _Rows()
+        if self.last is not None:
+            ts, number, path = self.last
+            # the recorder's end of capture is the capture's last segment, whichever 4-tuple it belonged to
+            self.exact.feed(Segment(ts, "0.0.0.0", 0, "0.0.0.0", 0, 0, 0, b"", 0, number, path))
+        recs = self.exact.close()
+        conns = self.exact.reassembler.connections
+        adopted: list[tuple[int, int, Any]] = [(_CLOSE, 1, c) for c in conns[self.exact_seen :]]
+        self.exact_seen = len(conns)
+        self._adopt(adopted)
+        k1: list[int] = []
+        kind: list[int] = []
+        ref: list[int] = []
+        for r in recs:
+            rows.records.append(r)
+            k1.append(_CLOSE + self.exact_gid[r.conn])
+            kind.append(2)
+            ref.append(len(rows.records) - 1)
+        for c in self.conns.values():
+            if c.gid == 0:
+                continue  # never known (its first payload never came): nothing to say
+            for h in c.halves.values():
+                if h.finished:
+                    continue
+                h.finished = True
+                file_i = self.file_index.get(c.conn.last_file, 0)
+                for ev, first, last in self._close_events(h):
+                    rows.events.append((ev, h, first, last, file_i))
+                    k1.append(_CLOSE + c.gid)
+                    kind.append(1)
+                    ref.append(len(rows.events) - 1)
+                if h.half is not None:
+                    h.half.closed = True
+            c.conn.closed = True
+        if k1:
+            k1a = np.array(k1, np.int64)
+            order = np.argsort(k1a, kind="stable")  # connection order; within one, as they came
+            k2a = np.empty(len(k1a), np.int64)
+            k2a[order] = _rank(k1a[order])
+            rows.add(k1a, k2a, 0, np.zeros(0, np.int64))
+            rows.kind[-1] = np.array(kind, np.int8)
+            rows.ref[-1] = np.array(ref, np.int64)
+        yield from self._emit(rows)
+        self._stats()
+
+    def _stats(self) -> None:
+        st = self.stats
+        st.skipped.update(self.exact.stats.skipped)
+        st.skipped["not memcached-binary TCP"] -= 1 if self.last is not None else 0
+        if not st.skipped["not memcached-binary TCP"]:
+            del st.skipped["not memcached-binary TCP"]
+        exact_states = self.exact.stats.states
+        for c in self.exact.reassembler.connections:
+            gid = self.exact_gid[c.id]
+            if c.id in exact_states:
+                st.states[gid] = exact_states[c.id]
+            c.id = gid
+        for gid, state in self.sessions.states.items():
+            st.states[gid] = state
+        st.connections[:] = [self.by_gid[g] for g in sorted(self.by_gid)]
+        st.states = dict(sorted(st.states.items()))
+        st.records = self.number
+
+
+def _rank(last: np.ndarray) -> np.ndarray:
+    """Each element's index among the equal elements before it (``last`` is non-decreasing)."""
+    n = len(last)
+    head = np.ones(n, bool)
+    head[1:] = last[1:] != last[:-1]
+    starts = np.flatnonzero(head)
+    return np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
+
+
+def _placed(h: _Half, evs: list[Event]) -> list[tuple[Event, np.ndarray, np.ndarray]]:
+    """Decoder events in their stream, with the runs (packets) of their first and last byte (as the reassembler dates them)."""
+    out = []
+    at = h.runs[:, 0]
+    for raw_ev in evs:
+        ev = _shift(raw_ev, h.dec_base)
+        off = ev.offset
+        first = h.runs[int(np.searchsorted(at, off, "right") - 1)]
+        last = h.runs[int(np.searchsorted(at, off + max(ev.length, 1) - 1, "right") - 1)]
+        out.append((ev, first, last))
+    return out
+
+
+def _shift(ev: Event, by: int) -> Event:
+    """A decoder event moved ``by`` bytes along its stream."""
+    if not by:
+        return ev
+    if ev.__class__ is Frame:
+        return Frame(ev[0] + by, ev[1], ev[2])
+    from dataclasses import replace
+
+    return replace(ev, offset=ev.offset + by)  # type: ignore[type-var]
+
+
+@dataclass
+class _Walked:
+    """The walked frames of a window, by their index."""
+
+    bufs: list[bytes]
+    buf: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    off: np.ndarray
+    half_ids: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, rows: _Rows) -> _Walked:
+        def cat(xs: list[np.ndarray], shape: tuple[int, ...] = (0,)) -> np.ndarray:
+            return np.concatenate(xs) if xs else np.zeros(shape, np.int64)
+
+        return cls(
+            rows.bufs,
+            cat(rows.w_buf),
+            cat(rows.w_start),
+            cat(rows.w_len),
+            cat(rows.w_off),
+            cat(rows.w_half),
+            cat(rows.w_first, (0, 5)),
+            cat(rows.w_last, (0, 5)),
+        )
+
+
+class _Table:
+    """A window's rows in order: record columns as arrays, frame bytes in one buffer, contexts by code."""
+
+    def __init__(self, n: int) -> None:
+        self.gid = np.zeros(n, np.int64)
+        self.dir = np.zeros(n, np.int64)
+        self.file = np.zeros(n, np.int64)
+        self.ts = np.zeros(n, np.int64)
+        self.ts_first = np.zeros(n, np.int64)
+        self.packet = np.zeros(n, np.int64)
+        self.packet_first = np.zeros(n, np.int64)
+        self.is_frame = np.zeros(n, bool)
+        self.start = np.zeros(n, np.int64)
+        self.length = np.zeros(n, np.int64)
+        self.offset = np.zeros(n, np.int64)
+        self.ctx = np.zeros(n, np.int64)
+        self.contexts: list[DissectContext] = []
+        self.events: dict[int, Event] = {}  # rows that are not walked frames
+        self.fixed: dict[int, DissectContext] = {}  # the records' own contexts
+        self.joined = b""
+
+    def frame(self, i: int) -> Frame:
+        """Row ``i``'s frame (an mcbp frame row)."""
+        ev = self.events.get(i)
+        if ev is not None:
+            return ev  # type: ignore[return-value]
+        s = int(self.start[i])
+        return Frame(int(self.offset[i]), self.joined[s : s + int(self.length[i])])
+
+    def event(self, i: int) -> Event:
+        """Row ``i``'s event."""
+        ev = self.events.get(i)
+        return ev if ev is not None else self.frame(i)
+
+
+_DIRS = pa.array(["c2s", "s2c"], pa.string())
+_SESSION_OPS = np.array(sorted(SESSION_OPS), np.uint8)
+
+
+def read_columnar(
+    paths: Iterable[str],
+    *,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    stats: CaptureStats | None = None,
+    reveal_secrets: bool = False,
+    json_check: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+    window: int = _WINDOW,
+) -> Iterator[pa.RecordBatch]:
+    """The frames table of capture files (read in order, as one capture) as Arrow record batches of at most ``rows`` rows."""
+    from .packets_vector import segment_windows
+
+    paths = [str(p) for p in paths]
+    st = stats if stats is not None else CaptureStats()
+    ports = frozenset(server_ports)
+    tls = frozenset(tls_ports)
+    proof = _Proof(ports, tls, detect)
+    scan = CaptureStats()
+    for w in segment_windows(paths, scan, window=window):
+        proof.window(w)
+    dec = _Decode(
+        proof,
+        paths,
+        st,
+        server_ports=ports,
+        detect=detect,
+        tls_ports=tls,
+        max_body=max_body,
+        reveal_secrets=reveal_secrets,
+        json_check=json_check,
+        rows=rows,
+    )
+
+    def made() -> Iterator[pa.RecordBatch]:
+        for w in segment_windows(paths, st, window=window, progress=progress):
+            yield from dec.window(w)
+        yield from dec.close()
+
+    return gc_paused(made())
