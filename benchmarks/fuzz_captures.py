@@ -11,7 +11,7 @@ the file holds) - and reads each, followed by an intact capture, through
 
 * the row path: ``read_records`` -> ``FrameColumns`` -> Arrow (what ``show``,
   ``summary``, ``timeline`` and ``frames_table(records)`` use);
-* the table path: ``read_batches`` -> ``chunk_batch`` -> Arrow -> pandas (what
+* the table path: ``read_batches`` (the columnar path) -> Arrow -> pandas (what
   ``frames``, ``frames_table``/``frames_df``, ``analyze`` and the explorer use).
 
 A failure is an exception, the intact capture after the bad one not read in
@@ -46,7 +46,8 @@ from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.capture.read import read_records
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.tables.export import frames_table
-from dcpinspect.tables.frames_vector import SCHEMA, read_batches
+from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.frames_vector import SCHEMA
 from dcpinspect.tables.schema import pandas_dtype
 
 PATHS = ("row", "table")
@@ -275,7 +276,7 @@ def main() -> int:
         _limit_memory(args.memory_mib)
     tallies, disagree = run(args.count, args.seed, tmp)
     print(f"fuzz_captures: {args.count} corrupted captures (seed {args.seed}), each read followed by an intact capture")
-    for name, label in (("row", "read_records -> FrameColumns"), ("table", "read_batches -> chunk_batch")):
+    for name, label in (("row", "read_records -> FrameColumns"), ("table", "read_batches (columnar)")):
         t = tallies[name]
         print(
             f"  {name:5} path ({label}): {t.files} files, {t.failures} failures, {t.not_readable} not readable, "

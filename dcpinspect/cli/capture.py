@@ -47,27 +47,29 @@ def _read_options(args: argparse.Namespace) -> dict[str, Any]:
         "server_ports": args.port or DEFAULT_SERVER_PORTS,
         "detect": not args.no_detect,
         "reveal_secrets": getattr(args, "reveal_secrets", False),
+        "json_check": not getattr(args, "no_json_check", False),
     }
 
 
-def _read(args: argparse.Namespace, stats: CaptureStats) -> Iterator[Record]:
-    from ..capture.read import read_records
+def _parts(args: argparse.Namespace, stats: CaptureStats, rows: int = 20_000) -> Iterator[Any]:
+    """The frames table of the captures, part by part (the columnar path: one decoding path for every command)."""
+    from ..tables.columnar import read_parts
 
     progress = _Progress(args.captures, not args.no_progress)
     try:
-        yield from read_records(args.captures, stats=stats, progress=progress, **_read_options(args))
+        yield from read_parts(args.captures, rows=rows, stats=stats, progress=progress, **_read_options(args))
     finally:
         progress.close()
+
+
+def _read(args: argparse.Namespace, stats: CaptureStats) -> Iterator[Record]:
+    for part in _parts(args, stats):
+        yield from part.records()
 
 
 def _read_batches(args: argparse.Namespace, stats: CaptureStats) -> Iterator[Any]:
-    from ..tables.frames_vector import read_batches
-
-    progress = _Progress(args.captures, not args.no_progress)
-    try:
-        yield from read_batches(args.captures, rows=20_000, stats=stats, progress=progress, **_read_options(args))
-    finally:
-        progress.close()
+    for part in _parts(args, stats):
+        yield part.batch
 
 
 def _report_files(stats: CaptureStats) -> int:
@@ -169,35 +171,36 @@ def _timeline(args: argparse.Namespace, console: Console) -> int:
 
 
 def _summary(args: argparse.Namespace, console: Console) -> int:
-    from ..wire.dissect import dissect
+    from ..tables.export import frame_counts
 
     stats = CaptureStats()
     per_op: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     problems = 0
-    for rec in _read(args, stats):
-        ev = rec.event
-        kinds[ev.type] += 1
-        if ev.type == "frame":
-            d = dissect(ev, rec.context)  # type: ignore[arg-type]
-            per_op[f"{d.name} {d.role}"] += 1
-            problems += len(d.problems)
+    for batch in _read_batches(args, stats):
+        k, ops, p = frame_counts(batch)
+        kinds.update(k)
+        per_op.update(ops)
+        problems += p
     lines = ["files:"]
     for path, info in stats.files.items():
         state = info["error"] or f"{info['format']}, {info['packets']} packets" + (
             f"; {'; '.join(info['problems'])}" if info["problems"] else ""
         )
         lines.append(f"  {path}: {state}")
-    lines.append(f"events: {dict(kinds)}; problems on frames: {problems}")
+    lines.append(f"events: {dict(sorted(kinds.items(), key=lambda kv: _KIND_ORDER.get(kv[0], 9)))}; problems on frames: {problems}")
     if any(stats.skipped.values()):
         lines.append("skipped packets: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped.items()) if v))
     lines.append("connections:")
     for conn in stats.connections:
         lines += _connection_lines(conn, stats.states.get(conn.id))
     lines.append("frames per command:")
-    lines += [f"  {n:>8}  {name}" for name, n in per_op.most_common()]
+    lines += [f"  {n:>8}  {name}" for name, n in sorted(per_op.items(), key=lambda kv: (-kv[1], kv[0]))]
     console.out.write("\n".join(lines) + "\n")
     return 1 if stats.files and all(info["error"] for info in stats.files.values()) else 0
+
+
+_KIND_ORDER = {"frame": 0, "garbage": 1, "truncated": 2, "gap": 3}
 
 
 def _connection_lines(conn: Any, st: Any) -> list[str]:
@@ -247,6 +250,11 @@ def _frames_arguments(fr: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="one JSON object per line per frame")
     g.add_argument("--parquet", metavar="OUT", help="write the table as parquet")
     g.add_argument("--csv", metavar="OUT", help="write the table as CSV")
+    fr.add_argument(
+        "--no-json-check",
+        action="store_true",
+        help="do not check that values flagged JSON are JSON (faster; their json_check column says 'not checked')",
+    )
     fr.add_argument(
         "--filter",
         metavar="EXPR",

@@ -109,7 +109,7 @@ class _Reader(DataSourceReader):
         if self.table == "status":
             yield from _status(self.paths)
             return
-        from ..tables.frames_vector import read_batches
+        from ..tables.columnar import read_batches
 
         o = _options(self.options)
         for b in read_batches(self.paths, server_ports=o.server_ports, detect=o.detect, reveal_secrets=o.reveal_secrets):

@@ -88,12 +88,15 @@ from .frames_vector import SCHEMA, FrameRows, ts_array, value_columns
 if TYPE_CHECKING:
     from .packets_vector import SegmentWindow
 
-__all__ = ["frame_walk", "read_columnar"]
+__all__ = ["CLOSE_BASE", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
 
 _MASK32 = 0xFFFFFFFF
 _GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
-_CLOSE = 1 << 62  # rows emitted at the end of the capture sort after every packet
+#: the ``k1`` of rows emitted at the end of the capture: ``CLOSE_BASE`` + the position their connection became known at
+CLOSE_BASE = 1 << 61
 _WINDOW = 32 << 20
+_CACHE_BYTES = 256 << 20  # captures up to this size are parsed once (their packet arrays kept between the passes) ...
+_CACHE_SEGMENTS = 1 << 21  # ... unless they hold more segments than this
 
 
 # --------------------------------------------------------------------------- the frame walk
@@ -112,13 +115,17 @@ _CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _HS = spec.HEADER_SIZE
 
 
-def frame_walk(buf: bytes, max_body: int = DEFAULT_MAX_BODY) -> tuple[list[int], int, bool]:
+def frame_walk(buf: bytes, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
     """Frames back to back from ``buf[0]``: (their starts, where the walk stopped, whether it stopped at an implausible header).
 
     A frame is accepted exactly when the decoder's aligned loop accepts it (a
     known magic, its sections within its body, the body within ``max_body``).
     Stopping short of the end without an implausible header means the rest
-    is the start of a frame not yet complete.
+    is the start of a frame not yet complete.  One precompiled ``struct``
+    per header: the only per-frame Python (about 3 million frames/s; a
+    vectorised walk - candidates at every magic byte, chained by pointer
+    doubling - measured slower, its cost growing with the bytes, not the
+    frames).
     """
     unpack = _LENGTHS.unpack_from
     classic, alt = _CLASSIC, _ALT
@@ -126,22 +133,26 @@ def frame_walk(buf: bytes, max_body: int = DEFAULT_MAX_BODY) -> tuple[list[int],
     app = starts.append
     pos = 0
     n = len(buf)
+    bad = False
     while pos + _HS <= n:
         m, kl, el, body = unpack(buf, pos)
         if m in classic:
             if not kl + el <= body <= max_body:
-                return starts, pos, True
+                bad = True
+                break
         elif m in alt:
             if not (kl >> 8) + (kl & 0xFF) + el <= body <= max_body:
-                return starts, pos, True
+                bad = True
+                break
         else:
-            return starts, pos, True
+            bad = True
+            break
         end = pos + _HS + body
         if end > n:
             break
         app(pos)
         pos = end
-    return starts, pos, False
+    return np.array(starts, np.int64), pos, bad
 
 
 # --------------------------------------------------------------------------- tuples
@@ -449,9 +460,11 @@ class _Decode:
         self.pending: dict[int, _Conn] = {}  # simple connections not yet known (waiting for their first payload)
         self._k2: dict[int, int] = {}  # a packet's position -> the next k2 of the rows it emitted (this window)
         self.labels: dict[int, str] = {}  # connection id -> label
+        self.known_at: dict[int, int] = {}  # connection id -> the position of the packet that made it known
+        self.last_gpos = 0  # the capture's last segment's position
 
     # --- one window ---------------------------------------------------------------
-    def window(self, w: SegmentWindow) -> Iterator[pa.RecordBatch]:
+    def window(self, w: SegmentWindow) -> Iterator[TablePart]:
         n = len(w.number)
         if not n:
             return
@@ -465,6 +478,7 @@ class _Decode:
         self._exact(w, np.flatnonzero(~simple), gpos, rows, adopted)
         self._simple(w, np.flatnonzero(simple), tid, gpos, fi, rows, adopted)
         self.last = (int(w.ts[-1]), int(w.number[-1]), w.path)
+        self.last_gpos = int(gpos[-1])
         self._adopt(adopted)
         yield from self._emit(rows)
 
@@ -611,10 +625,9 @@ class _Decode:
 
     def _walk(self, h: _Half, buf: bytes, rows: _Rows) -> None:
         """Frames back to back from the start of ``buf`` (stream offset ``h.base``); the rest waits, or goes to a decoder."""
-        starts_l, stop, implausible = frame_walk(buf, self.max_body)
+        starts, stop, implausible = frame_walk(buf, self.max_body)
         base = h.base
-        if starts_l:
-            starts = np.array(starts_l, np.int64)
+        if len(starts):
             ends = np.append(starts[1:], stop)
             lens = ends - starts
             off = base + starts
@@ -722,9 +735,10 @@ class _Decode:
     def _adopt(self, adopted: list[tuple[int, int, Any]]) -> None:
         """Number the connections that became known in this window, in that order."""
         adopted.sort(key=lambda x: (x[0], x[1]))
-        for _g, kind, what in adopted:
+        for g, kind, what in adopted:
             gid = self.next_gid
             self.next_gid += 1
+            self.known_at[gid] = g
             if kind == 0:
                 what.gid = gid
                 what.conn.id = gid
@@ -734,19 +748,23 @@ class _Decode:
                 self.by_gid[gid] = what
 
     # --- rows out -------------------------------------------------------------------
-    def _emit(self, rows: _Rows) -> Iterator[pa.RecordBatch]:
+    def _emit(self, rows: _Rows) -> Iterator[TablePart]:
         """The rows of a window in the exact path's order, as record batches of at most ``self.rows`` rows."""
         if not rows.k1:
             return
         k1 = np.concatenate(rows.k1)
-        k2 = np.concatenate(rows.k2)
-        order = np.lexsort((k2, k1))
+        # the rows of one k1 were added in k2 order: a stable sort by k1 is the (k1, k2) order, and cheap on these few sorted runs
+        order = np.argsort(k1, kind="stable")
         kind = np.concatenate(rows.kind)[order]
         ref = np.concatenate(rows.ref)[order]
         t = self._table(kind, ref, rows)
+        t.k1 = k1[order]
+        t.k2 = np.concatenate(rows.k2)[order]
+        t.ck = np.array([self.known_at.get(g, 0) for g in range(max(self.known_at, default=0) + 1)], np.int64)[t.gid]
         n = len(kind)
         for a in range(0, n, self.rows):
-            yield self._batch(t, a, min(n, a + self.rows))
+            b = min(n, a + self.rows)
+            yield TablePart(self._batch(t, a, b), t, a, b)
 
     def _table(self, kind: np.ndarray, ref: np.ndarray, rows: _Rows) -> _Table:
         """Every row's record columns, bytes and context as arrays (walked frames at once; events and records one by one)."""
@@ -803,6 +821,11 @@ class _Decode:
                 extra.append(raw)
                 at += len(raw)
         t.joined = b"".join([*rows.bufs, *extra])
+        ids = np.unique(t.gid).tolist()
+        names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
+        for g in ids:
+            names[g] = self.labels[g]
+        t.labels = pa.array(names, pa.string())
         self._contexts(t, kind)
         return t
 
@@ -874,11 +897,10 @@ class _Decode:
         )
         cols = value_columns(rows)
         gid = t.gid[a:b]
-        ug, inv = np.unique(gid, return_inverse=True)
         cols["file"] = pa.array(self.paths, pa.string()).take(pa.array(t.file[a:b]))
         cols["frame"] = pa.array(np.arange(first_number, first_number + n, dtype=np.int64))
         cols["conn_id"] = pa.array(gid.astype(np.int32))
-        cols["conn"] = pa.array([self.labels[g] for g in ug.tolist()], pa.string()).take(pa.array(inv.reshape(-1)))
+        cols["conn"] = t.labels.take(pa.array(gid))
         cols["dir"] = _DIRS.take(pa.array(t.dir[a:b]))
         tstype = SCHEMA.field("ts").type
         cols["ts"] = ts_array(t.ts[a:b], tstype)
@@ -888,7 +910,7 @@ class _Decode:
         return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
 
     # --- the end ------------------------------------------------------------------------
-    def close(self) -> Iterator[pa.RecordBatch]:
+    def close(self) -> Iterator[TablePart]:
         """The end of the capture: what every connection still holds, in connection order."""
         rows = _Rows()
         if self.last is not None:
@@ -897,7 +919,8 @@ class _Decode:
             self.exact.feed(Segment(ts, "0.0.0.0", 0, "0.0.0.0", 0, 0, 0, b"", 0, number, path))
         recs = self.exact.close()
         conns = self.exact.reassembler.connections
-        adopted: list[tuple[int, int, Any]] = [(_CLOSE, 1, c) for c in conns[self.exact_seen :]]
+        end = self.last_gpos
+        adopted: list[tuple[int, int, Any]] = [(end, 1, c) for c in conns[self.exact_seen :]]
         self.exact_seen = len(conns)
         self._adopt(adopted)
         k1: list[int] = []
@@ -905,7 +928,7 @@ class _Decode:
         ref: list[int] = []
         for r in recs:
             rows.records.append(r)
-            k1.append(_CLOSE + self.exact_gid[r.conn])
+            k1.append(CLOSE_BASE + self.known_at[self.exact_gid[r.conn]])
             kind.append(2)
             ref.append(len(rows.records) - 1)
         for c in self.conns.values():
@@ -918,7 +941,7 @@ class _Decode:
                 file_i = self.file_index.get(c.conn.last_file, 0)
                 for ev, first, last in self._close_events(h):
                     rows.events.append((ev, h, first, last, file_i))
-                    k1.append(_CLOSE + c.gid)
+                    k1.append(CLOSE_BASE + self.known_at[c.gid])
                     kind.append(1)
                     ref.append(len(rows.events) - 1)
                 if h.half is not None:
@@ -1037,6 +1060,8 @@ class _Table:
         self.events: dict[int, Event] = {}  # rows that are not walked frames
         self.fixed: dict[int, DissectContext] = {}  # the records' own contexts
         self.joined = b""
+        self.k1 = self.k2 = self.ck = np.zeros(0, np.int64)
+        self.labels = pa.array([], pa.string())  # connection id -> label
 
     def frame(self, i: int) -> Frame:
         """Row ``i``'s frame (an mcbp frame row)."""
@@ -1056,7 +1081,50 @@ _DIRS = pa.array(["c2s", "s2c"], pa.string())
 _SESSION_OPS = np.array(sorted(SESSION_OPS), np.uint8)
 
 
-def read_columnar(
+@dataclass
+class TablePart:
+    """Rows of the frames table and what made them: each row's event, bytes and dissection context, and its record."""
+
+    batch: pa.RecordBatch
+    _t: _Table
+    _a: int
+    _b: int
+
+    @property
+    def keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's numbering keys ``k1``, ``k2`` and its connection's ``ck``.
+
+        ``k1`` is the position of the packet that emitted the row (or
+        :data:`CLOSE_BASE` plus its connection's ``ck``), ``k2`` its order
+        among the rows of that ``k1``, ``ck`` the position of the packet that
+        made its connection known.  Frame numbers follow ``(k1, k2)`` order and connection ids ``ck``
+        order, whatever part of a capture was read: how Spark's tasks number
+        the rows of the connections each one reads.
+        """
+        t, a, b = self._t, self._a, self._b
+        return t.k1[a:b], t.k2[a:b], t.ck[a:b]
+
+    def events(self) -> list[Event]:
+        """Each row's event (frames are rebuilt from the window's bytes)."""
+        return [self._t.event(i) for i in range(self._a, self._b)]
+
+    def contexts(self) -> list[DissectContext]:
+        """The context each row was dissected with."""
+        t = self._t
+        return [t.contexts[c] for c in t.ctx[self._a : self._b].tolist()]
+
+    def records(self) -> Iterator[Record]:
+        """The rows as :class:`~dcpinspect.flows.records.Record` objects (what the timeline and the live tools take)."""
+        t, a, b = self._t, self._a, self._b
+        cols = [self.batch.column(k).to_pylist() for k in ("frame", "file", "conn_id", "conn", "dir", "packet", "packet_first")]
+        times = zip(t.ts[a:b].tolist(), t.ts_first[a:b].tolist(), strict=True)
+        for i, ((number, file, conn, label, d, packet, packet_first), (ts, ts_first), ctx) in enumerate(
+            zip(zip(*cols, strict=True), times, t.ctx[a:b].tolist(), strict=True)
+        ):
+            yield Record(number, file, conn, label, d, ts, ts_first, packet, packet_first, t.event(a + i), t.contexts[ctx])
+
+
+def read_parts(
     paths: Iterable[str],
     *,
     rows: int = 65536,
@@ -1069,22 +1137,87 @@ def read_columnar(
     json_check: bool = True,
     progress: Callable[[str, int], None] | None = None,
     window: int = _WINDOW,
-) -> Iterator[pa.RecordBatch]:
-    """The frames table of capture files (read in order, as one capture) as Arrow record batches of at most ``rows`` rows."""
+) -> Iterator[TablePart]:
+    """The frames table of capture files (read in order, as one capture) in parts of at most ``rows`` rows.
+
+    ``stats`` gets what the read saw besides frames (per-file reports,
+    skipped packets, connections, what each negotiated); ``json_check=False``
+    leaves values flagged JSON unchecked (the ``json_check`` column says
+    ``not checked``); ``progress(path, offset)`` is called as the files are
+    read.  Unreadable files are reported in ``stats.files``, never raised.
+    """
+    import os
+
     from .packets_vector import segment_windows
 
     paths = [str(p) for p in paths]
     st = stats if stats is not None else CaptureStats()
+    size = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+    cache: list[SegmentWindow] | None = [] if size <= _CACHE_BYTES else None
+
+    def windows(first: bool) -> Iterator[SegmentWindow]:
+        # small captures: the proof's pass keeps its windows (packet arrays over the mmap) for the decode; big ones are read twice
+        nonlocal cache
+        if first:
+            kept = 0
+            for w in segment_windows(paths, st, window=window, progress=progress if cache is not None else None):
+                if cache is not None:
+                    kept += len(w.number)
+                    if kept <= _CACHE_SEGMENTS:
+                        cache.append(w)
+                    else:
+                        cache = None
+                yield w
+        elif cache is not None:
+            done, cache = cache, None
+            yield from done
+        else:
+            yield from segment_windows(paths, CaptureStats(), window=window, progress=progress if size > _CACHE_BYTES else None)
+
+    return decode_windows(
+        windows,
+        paths,
+        stats=st,
+        rows=rows,
+        server_ports=server_ports,
+        detect=detect,
+        tls_ports=tls_ports,
+        max_body=max_body,
+        reveal_secrets=reveal_secrets,
+        json_check=json_check,
+    )
+
+
+def decode_windows(
+    windows: Callable[[bool], Iterable[SegmentWindow]],
+    paths: list[str],
+    *,
+    stats: CaptureStats,
+    rows: int = 65536,
+    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
+    detect: bool = True,
+    tls_ports: Iterable[int] = TLS_PORTS,
+    max_body: int = DEFAULT_MAX_BODY,
+    reveal_secrets: bool = False,
+    json_check: bool = True,
+) -> Iterator[TablePart]:
+    """The frames table of the TCP segments ``windows(first)`` gives (twice: ``first`` is True for the proof's pass).
+
+    The segments may come from anywhere - capture files
+    (:func:`~dcpinspect.tables.packets_vector.segment_windows`), or the
+    connections one Spark task reads - in capture order; ``paths`` are the
+    files their ``file_index`` names.  :attr:`TablePart.keys` number the rows
+    as a read of the whole capture would.
+    """
     ports = frozenset(server_ports)
     tls = frozenset(tls_ports)
     proof = _Proof(ports, tls, detect)
-    scan = CaptureStats()
-    for w in segment_windows(paths, scan, window=window):
+    for w in windows(True):
         proof.window(w)
     dec = _Decode(
         proof,
         paths,
-        st,
+        stats,
         server_ports=ports,
         detect=detect,
         tls_ports=tls,
@@ -1094,9 +1227,14 @@ def read_columnar(
         rows=rows,
     )
 
-    def made() -> Iterator[pa.RecordBatch]:
-        for w in segment_windows(paths, st, window=window, progress=progress):
+    def made() -> Iterator[TablePart]:
+        for w in windows(False):
             yield from dec.window(w)
         yield from dec.close()
 
     return gc_paused(made())
+
+
+def read_batches(paths: Iterable[str], **options: Any) -> Iterator[pa.RecordBatch]:
+    """The frames table of capture files as Arrow record batches (see :func:`read_parts` for the options)."""
+    return (part.batch for part in read_parts(paths, **options))

@@ -17,14 +17,16 @@ import pyarrow as pa
 
 from ..flows.records import CaptureStats, Record
 from ..protocol.reference import reference_rows
+from .columnar import read_batches
 from .columns import FrameColumns
-from .frames_vector import SCHEMA, arrow_schema, read_batches
+from .frames_vector import SCHEMA, arrow_schema
 from .schema import pandas_dtype
 
 __all__ = [
     "FramesWriter",
     "arrow_schema",
     "csv_table",
+    "frame_counts",
     "frame_rows",
     "frames_df",
     "frames_table",
@@ -42,8 +44,8 @@ def frames_table(source: Source, *, stats: CaptureStats | None = None, **options
 
     ``source`` is a capture path, several paths (read in order, as one
     capture), or records (from :func:`~dcpinspect.flows.records.iter_records`, a
-    proxy or a client).  ``options`` go to :func:`~dcpinspect.tables.frames_vector.read_batches`
-    (``server_ports``, ``detect``, ``reveal_secrets``, ``progress``).
+    proxy or a client).  ``options`` go to :func:`~dcpinspect.tables.columnar.read_parts`
+    (``server_ports``, ``detect``, ``reveal_secrets``, ``json_check``, ``progress``).
     """
     if isinstance(source, (str, Path)):
         source = [source]
@@ -94,6 +96,25 @@ def query_frames(frames: pa.Table | pa.RecordBatch, expr: str) -> pa.Table:
     table = _table(frames)
     df = table.to_pandas(types_mapper=pandas_dtype).query(expr, engine="python")
     return pa.Table.from_pandas(df, schema=table.schema, preserve_index=False)
+
+
+def frame_counts(frames: pa.Table | pa.RecordBatch) -> tuple[dict[str, int], dict[str, int], int]:
+    """Rows per ``type``, frames per ``"NAME role"``, and the problems on frames, of a frames table (what ``summary`` prints)."""
+    import pyarrow.compute as pc
+
+    def counts(values: pa.Array | pa.ChunkedArray) -> dict[str, int]:
+        vc = pc.value_counts(values).flatten()
+        return dict(zip(vc[0].to_pylist(), vc[1].to_pylist(), strict=True))
+
+    table = _table(frames)
+    types = table.column("type")
+    kinds = counts(types)
+    framed = table.filter(pc.equal(types, "frame"))
+    if not framed.num_rows:
+        return kinds, {}, 0
+    ops = pc.binary_join_element_wise(framed.column("name"), framed.column("role"), " ")
+    problems = pc.sum(pc.list_value_length(framed.column("problems"))).as_py() or 0
+    return kinds, counts(ops), int(problems)
 
 
 def frame_rows(frames: pa.Table | pa.RecordBatch, columns: Iterable[str]) -> list[dict[str, Any]]:

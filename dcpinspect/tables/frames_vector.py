@@ -22,14 +22,14 @@ dissecting every frame - only faster:
 
 So problem messages come only from ``dissect``: this module decides which
 rows are provably clean, never what their problems are.  JSON documents are
-validated in bulk by Arrow's JSON parser behind guards (objects only, UTF-8,
-no control bytes, bounded nesting) that leave every case where Arrow and
-Python's ``json`` could disagree to ``json.loads``.
+validated in bulk by :func:`~dcpinspect.tables.jsoncheck.json_suspects` (Arrow's
+JSON parser behind guards that leave every case where Arrow and Python's
+``json`` could disagree to ``json.loads``), unless the caller turns the check
+off: the ``json_check`` column then says ``not checked``.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
@@ -37,11 +37,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.json as pajson
 
-from ..capture.read import read_chunks
-from ..flows.reassembly import DEFAULT_SERVER_PORTS, TS_MAX, TS_UNKNOWN
-from ..flows.records import CaptureStats, RecordChunk, gc_paused
+from ..flows.reassembly import TS_MAX, TS_UNKNOWN
+from ..flows.records import RecordChunk, gc_paused
 from ..protocol import spec
 from ..protocol.enums import Datatype, Magic, Status
 from ..protocol.fields import (
@@ -64,6 +62,7 @@ from ..wire.dissect import GENERIC, command_names, select_variant
 from ..wire.dissection import DissectContext
 from ..wire.events import Frame
 from .columns import DCP_COLUMNS, FRAME_COLUMNS, FRAME_VALUE_COLUMNS, JSON_NOT_CHECKED, JSON_VALID, FrameColumns, dcp_values
+from .jsoncheck import json_suspects
 
 __all__ = [
     "SCHEMA",
@@ -72,8 +71,6 @@ __all__ = [
     "arrow_schema",
     "chunk_batch",
     "chunk_rows",
-    "json_suspects",
-    "read_batches",
     "record_batches",
     "ts_array",
     "value_columns",
@@ -118,8 +115,6 @@ _JSON = int(Datatype.JSON)
 _PACKED = int(Datatype.SNAPPY | Datatype.XATTR)  # a document that only dissect reads (compressed, or xattrs first)
 _CLASSIC = (Magic.CLIENT_REQUEST, Magic.CLIENT_RESPONSE)  # the alt magics carry framing extras (stream ids, durability)
 _RESPONSE_MAGICS = tuple(int(m) for m in (Magic.CLIENT_RESPONSE, Magic.ALT_CLIENT_RESPONSE, Magic.SERVER_RESPONSE))
-_JSON_PARSE = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
-_MAX_BRACKETS = 256  # documents with more '[' / '{' than this go to json.loads (Python's nesting limit)
 
 
 @dataclass(frozen=True)
@@ -272,63 +267,6 @@ VECTOR_RULES: dict[type[Rule], Callable[[Any, np.ndarray], np.ndarray]] = {
     Requires: lambda r, ext: _has(_flag_column(ext, r.field), r.bit) & ~_has(_flag_column(ext, r.field), r.needs),
     OnlyWith: lambda r, ext: _has(_flag_column(ext, r.field), r.bit) & ((_flag_column(ext, r.field) & ~np.uint64(r.allowed)) != 0),
 }
-
-
-def _json_suspects(values: list[memoryview]) -> np.ndarray:
-    """Which JSON documents need ``json.loads`` (may be invalid, or Arrow could disagree)."""
-    n = len(values)
-    bad = np.zeros(n, bool)
-    if not n:
-        return bad
-    lens = np.fromiter(map(len, values), np.int64, n)
-    joined = b"\n".join(values)
-    arr = np.frombuffer(joined, np.uint8)
-    starts = np.concatenate(([0], np.cumsum(lens + 1)[:-1]))
-    bad |= arr[starts] != ord("{")
-    ctrl = np.flatnonzero((arr < 0x20) & (arr != 0x0A))
-    if len(ctrl):
-        bad[np.searchsorted(starts, ctrl, side="right") - 1] = True
-    for i in np.flatnonzero(lens > _MAX_BRACKETS):
-        v = bytes(values[i])
-        if v.count(b"[") + v.count(b"{") > _MAX_BRACKETS:
-            bad[i] = True
-    try:
-        joined.decode("utf-8")
-    except UnicodeDecodeError:
-        for j in range(n):
-            try:
-                bytes(values[j]).decode("utf-8")
-            except UnicodeDecodeError:
-                bad[j] = True
-    good = np.flatnonzero(~bad)
-    if not len(good):
-        return bad
-    if len(good) < n:
-        joined = b"\n".join(values[i] for i in good)
-    try:
-        parsed = pajson.read_json(
-            io.BytesIO(joined),
-            parse_options=_JSON_PARSE,
-            read_options=pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(joined) + 1)),
-        )
-        ok = parsed.num_rows == len(good)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        ok = False
-    if not ok:  # some document is not valid: find which, the slow way
-        import json
-
-        for i in good:
-            try:
-                json.loads(bytes(values[i]))
-            except (ValueError, RecursionError):
-                bad[i] = True
-    return bad
-
-
-def json_suspects(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Which documents ``buf[starts[i] : starts[i] + lens[i]]`` need ``json.loads`` (may be invalid, or Arrow could disagree)."""
-    mv = memoryview(np.ascontiguousarray(buf).tobytes())
-    return _json_suspects([mv[x:y] for x, y in zip(starts.tolist(), (starts + lens).tolist(), strict=True)])
 
 
 def _gather(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -497,8 +435,7 @@ def _group_plans(a: _Arrays) -> _Groups:
         | (extlen.astype(np.int64) << 16)
         | np.where(a.response, a.vbs, 0).astype(np.int64)
     )
-    gkeys, gfirst, ginv = np.unique(gkey, return_index=True, return_inverse=True)
-    ginv = ginv.reshape(-1)
+    gkeys, gfirst, ginv = _groups_of(gkey)
     slow = (datatype & ~np.uint8(spec.DATATYPE_MASK)) != 0
     key_start = rows.starts + 24 + extlen
     g = _Groups([], [], [], ginv, slow, key_start, a.keylen.copy(), np.zeros(m, np.uint32), np.zeros(m, bool), {}, np.zeros(m, np.int8))
@@ -531,6 +468,15 @@ def _group_plans(a: _Arrays) -> _Groups:
         else:
             g.json[jr] = 2
     return g
+
+
+def _groups_of(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_index=True, return_inverse=True)`` for many rows of few distinct keys (hashed, not sorted)."""
+    uniq = np.sort(np.unique(keys))  # numpy hashes integers when no index is asked for
+    inv = np.searchsorted(uniq, keys)
+    first = np.empty(len(uniq), np.int64)
+    first[inv[::-1]] = np.arange(len(keys) - 1, -1, -1)  # the last write wins: each group's first row
+    return uniq, first, inv
 
 
 def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Groups, vlen: np.ndarray) -> np.ndarray:
@@ -716,20 +662,3 @@ def record_batches(chunks: Iterable[RecordChunk]) -> Iterator[pa.RecordBatch]:
             yield batch
 
     return gc_paused(made())
-
-
-def read_batches(
-    paths: Iterable[str],
-    *,
-    rows: int = 65536,
-    server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
-    detect: bool = True,
-    stats: CaptureStats | None = None,
-    reveal_secrets: bool = False,
-    progress: Callable[[str, int], None] | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """The frames table of capture files as Arrow record batches of about ``rows`` rows."""
-    chunks = read_chunks(
-        paths, rows=rows, server_ports=server_ports, detect=detect, stats=stats, reveal_secrets=reveal_secrets, progress=progress
-    )
-    yield from record_batches(chunks)

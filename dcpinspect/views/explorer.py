@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..capture.read import read_chunks, read_records
-from ..flows.records import CaptureStats, Record, RecordChunk
+from ..flows.records import CaptureStats, Record
+from ..tables.columnar import TablePart, read_parts
 from ..tables.frames_vector import SCHEMA
 from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
 from ..wire.dissection import DissectContext
@@ -181,7 +181,7 @@ class ExplorerModel:
             m.store.add_table(_from_pandas(source))
             m.builder = None if not m.store.files else m.builder
             if m.builder is not None:
-                m.builder.feed_all(read_records(m.store.files))
+                m.builder.feed_all(r for part in read_parts(m.store.files) for r in part.records())
         else:
             m.feed_many(list(source))
             m.flush()
@@ -189,7 +189,7 @@ class ExplorerModel:
 
     def load(self, paths: Sequence[str], *, background: bool = False, rows: int = 16384) -> None:
         """Read captures into the model (``background``: the first chunk now, the rest in a thread)."""
-        chunks = read_chunks(paths, rows=rows, stats=self.stats)
+        chunks = read_parts(paths, rows=rows, stats=self.stats)
         self.loading = True
         first = next(chunks, None)
         if first is not None:
@@ -199,7 +199,7 @@ class ExplorerModel:
         else:
             self._load_rest(chunks)
 
-    def _load_rest(self, chunks: Iterator[RecordChunk]) -> None:
+    def _load_rest(self, chunks: Iterator[TablePart]) -> None:
         try:
             for chunk in chunks:
                 self._take_chunk(chunk)
@@ -215,8 +215,8 @@ class ExplorerModel:
         self.runner.join(timeout)
         return self
 
-    def _take_chunk(self, chunk: RecordChunk) -> None:
-        self.store.add_chunk(chunk)
+    def _take_chunk(self, chunk: TablePart) -> None:
+        self.store.add_part(chunk)
         if self.builder is not None:
             with self._tl_lock:
                 self.builder.feed_all(chunk.records())

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..capture.read import read_chunks
-from ..flows.records import Record, RecordChunk
+from ..flows.records import Record
+from ..tables.columnar import TablePart, read_parts
 from ..tables.columns import FrameColumns
-from ..tables.frames_vector import SCHEMA, chunk_batch
+from ..tables.frames_vector import SCHEMA
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame, Gap, Garbage, Truncated
 
@@ -74,11 +74,10 @@ class FrameStore:
             out[i] = k
         return out
 
-    def add_chunk(self, chunk: RecordChunk) -> pa.RecordBatch:
-        """Append a chunk of records (the capture path: the table's vectorised builder)."""
-        batch = chunk_batch(chunk)
-        self._append(batch, pa.array([_raw_of(e) for e in chunk.events], type=pa.binary()), self._ctx_ids(chunk.context))
-        return batch
+    def add_part(self, part: TablePart) -> pa.RecordBatch:
+        """Append a part of the frames table (the capture path: :func:`~dcpinspect.tables.columnar.read_parts`)."""
+        self._append(part.batch, pa.array([_raw_of(e) for e in part.events()], type=pa.binary()), self._ctx_ids(part.contexts()))
+        return part.batch
 
     def add_records(self, records: Sequence[Record]) -> pa.RecordBatch:
         """Append records (the live path)."""
@@ -144,8 +143,8 @@ class FrameStore:
             return Gap(offset, 0), None
         if self._refetched is None:  # read the captures once, keeping raw bytes and contexts only
             other = FrameStore()
-            for chunk in read_chunks(self.files):
-                other.add_chunk(chunk)
+            for part in read_parts(self.files):
+                other.add_part(part)
             self._refetched = other
         row = self._refetched.row_of(frame)
         if row is None:

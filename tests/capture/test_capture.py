@@ -26,7 +26,8 @@ from dcpinspect.capture.read import read_records
 from dcpinspect.cli.main import main
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.tables.export import frames_df, frames_table
-from dcpinspect.tables.frames_vector import SCHEMA, read_batches
+from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.frames_vector import SCHEMA
 
 LINKTYPES = ["ether", "ether-vlan", "sll", "sll2", "raw", "null", "loop"]
 MUT = {"rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0, "nmeta": 0, "nru": 0}

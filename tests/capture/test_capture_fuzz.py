@@ -1,8 +1,8 @@
 """Hostile capture files: any corruption is a reported problem or error, never a crash.
 
 Both capture paths are checked: the row path (``read_records``, and the frames
-table built from the records) and the table path (``read_batches`` ->
-``chunk_batch``, which ``frames``, ``frames_df``, ``analyze`` and the explorer
+table built from the records) and the table path (``read_batches``, the columnar
+path, which ``frames``, ``frames_df``, ``analyze`` and the explorer
 use); they must agree.  ``test_fuzz_slice`` runs a seeded slice of
 benchmarks/fuzz_captures.py (the big run: ``--count 5000``).
 """
@@ -23,7 +23,8 @@ from dcpinspect import dissect, encode
 from dcpinspect.capture.read import read_records
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.tables.export import frames_table
-from dcpinspect.tables.frames_vector import SCHEMA, read_batches
+from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.frames_vector import SCHEMA
 
 MUT = {"by_seqno": 1, "rev_seqno": 1}
 _CACHE: dict[str, bytes] = {}

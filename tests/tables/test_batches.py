@@ -25,7 +25,8 @@ from dcpinspect.capture.read import read_chunks, read_records
 from dcpinspect.flows.reassembly import TS_MAX, TS_UNKNOWN
 from dcpinspect.flows.records import CaptureStats, Record, RecordChunk
 from dcpinspect.tables.columns import FrameColumns
-from dcpinspect.tables.frames_vector import SCHEMA, chunk_batch, read_batches
+from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.frames_vector import SCHEMA, chunk_batch
 from dcpinspect.wire.decoder import FrameDecoder
 
 THIRD_PARTY = ROOT.parent / "shared" / "captures" / "third-party"

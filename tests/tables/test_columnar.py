@@ -1,10 +1,10 @@
 """The columnar capture path equals the exact one, row for row and column for column.
 
-:func:`~dcpinspect.tables.columnar.read_columnar` proves per connection that
+:func:`~dcpinspect.tables.columnar.read_batches` proves per connection that
 its TCP directions are simple and reads those as arrays; everything else goes
 through the exact reassembler.  These tests compare it with the exact path
-(:func:`~dcpinspect.tables.frames_vector.read_batches`: per-packet reassembly,
-then the table) on every capture we have and on Hypothesis-generated
+(:func:`~dcpinspect.capture.read.read_chunks`: per-packet reassembly, then
+:func:`~dcpinspect.tables.frames_vector.record_batches`) on every capture we have and on Hypothesis-generated
 captures with every fault the capture factory can inject: lost, reordered,
 duplicated and conflicting segments, snaplen cuts, mid-connection starts,
 resets, port reuse, unknown ports, garbage and frames cut at the end, session
@@ -28,8 +28,9 @@ from pcapfactory import LINKTYPES, Conn, Msg, write_capture
 from dcpinspect import encode
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.protocol.enums import Datatype, Feature
-from dcpinspect.tables.columnar import frame_walk, read_columnar
-from dcpinspect.tables.frames_vector import SCHEMA, read_batches
+from dcpinspect.capture.read import read_chunks
+from dcpinspect.tables.columnar import frame_walk, read_batches
+from dcpinspect.tables.frames_vector import SCHEMA, record_batches
 from dcpinspect.wire.decoder import FrameDecoder
 
 SHIPPED = sorted(CAPTURES.glob("*.pcap"))
@@ -65,9 +66,9 @@ def assert_same_read(paths: list[str], **options: Any) -> pa.Table:
     """Both paths over ``paths``: equal tables and equal statistics; the columnar table."""
     window = options.pop("window", None)
     s1, s2 = CaptureStats(), CaptureStats()
-    exact = pa.Table.from_batches(list(read_batches(paths, stats=s1, **options)), schema=SCHEMA)
+    exact = pa.Table.from_batches(list(record_batches(read_chunks(paths, stats=s1, **options))), schema=SCHEMA)
     more = {"window": window} if window else {}
-    got = pa.Table.from_batches(list(read_columnar(paths, stats=s2, **options, **more)), schema=SCHEMA)
+    got = pa.Table.from_batches(list(read_batches(paths, stats=s2, **options, **more)), schema=SCHEMA)
     assert got.num_rows == exact.num_rows, (got.num_rows, exact.num_rows)
     for name in exact.column_names:
         a, b = exact.column(name).to_pylist(), got.column(name).to_pylist()
@@ -103,11 +104,11 @@ def test_frame_walk_accepts_what_the_decoder_accepts() -> None:
     frames = [encode("DCP_NOOP", opaque=i) for i in range(3)] + [encode("GET", key="k")]
     buf = b"".join(frames)
     starts, stop, bad = frame_walk(buf + frames[3][:20])
-    assert starts == [0, 24, 48, 72] and stop == len(buf) and not bad
+    assert starts.tolist() == [0, 24, 48, 72] and stop == len(buf) and not bad
     starts, stop, bad = frame_walk(buf + b"\x00" * 24)
     assert stop == len(buf) and bad
     events = FrameDecoder().feed(buf + b"\x00" * 24)
-    assert [e.offset for e in events if e.type == "frame"] == starts
+    assert [e.offset for e in events if e.type == "frame"] == starts.tolist()
 
 
 # --------------------------------------------------------------------------- generated captures
