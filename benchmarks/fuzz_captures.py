@@ -45,8 +45,8 @@ from dcpinspect.capture.pcapfile import MAX_RECORD
 from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.capture.read import read_records
 from dcpinspect.flows.records import CaptureStats
-from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.frames_vector import SCHEMA
 from dcpinspect.tables.schema import pandas_dtype
 

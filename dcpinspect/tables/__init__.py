@@ -2,7 +2,11 @@
 
 Theory of operation: the frames table has one row per decoded event and the
 columns of :mod:`.columns` (their Arrow, pandas and Spark types in
-:mod:`.schema`).  :mod:`.frames_vector` builds it batch by batch, column-wise:
+:mod:`.schema`).  Capture files reach it through :mod:`.columnar` (packet
+headers parsed by :mod:`.packets_vector`; connections proved simple are
+walked frame by frame, the rest go through the exact reassembler; JSON
+documents checked in bulk by :mod:`.jsoncheck`, a choice).
+:mod:`.frames_vector` builds the columns batch by batch:
 headers and fixed-offset extras are gathered with numpy straight from the
 table's layouts, and only the rows that need a full dissection (values, rule
 checks, anything unusual) go through :func:`dcpinspect.dissect`, so the fast

@@ -115,7 +115,7 @@ _CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _HS = spec.HEADER_SIZE
 
 
-def frame_walk(buf: bytes, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
+def frame_walk(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
     """Frames back to back from ``buf[0]``: (their starts, where the walk stopped, whether it stopped at an implausible header).
 
     A frame is accepted exactly when the decoder's aligned loop accepts it (a
@@ -560,6 +560,7 @@ class _Decode:
         head = np.ones(len(sd), bool)
         head[1:] = sd[1:] != sd[:-1]
         bounds = np.append(np.flatnonzero(head), len(sd))
+        walks: list[tuple[_Half, list[Any], int]] = []
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             did = int(sd[a])
             c = self.conns[did >> 1]
@@ -568,7 +569,8 @@ class _Decode:
             if h is None:
                 h = c.halves[d] = _Half(c, d)
                 c.conn.halves[d] = h.half = HalfStream(aligned=True, max_body=self.max_body, window=0)
-            self._direction(w, h, sidx[a:b], gpos, fi, rows)
+            self._direction(w, h, sidx[a:b], gpos, fi, rows, walks)
+        self._walk_all(walks, rows)
         # a reset ends every direction at its packet, after the payloads before it (none may follow it)
         rst = idx[(w.flags[idx] & RST) != 0]
         if len(rst):
@@ -594,38 +596,56 @@ class _Decode:
         src = (w.src[idx].astype(np.int64) << 16) | w.sport[idx].astype(np.int64)
         return src == cc
 
-    def _direction(self, w: SegmentWindow, h: _Half, pk: np.ndarray, gpos: np.ndarray, fi: int, rows: _Rows) -> None:
-        """One direction's segments of this window (capture order): deliver payloads, walk frames, finish at FIN."""
+    def _direction(
+        self, w: SegmentWindow, h: _Half, pk: np.ndarray, gpos: np.ndarray, fi: int, rows: _Rows, walks: list[tuple[_Half, list[Any], int]]
+    ) -> None:
+        """One direction's segments of this window (capture order): deliver payloads (walked later, all at once), finish at FIN."""
         flags = w.flags[pk]
         if flags[0] & SYN:
             h.conn.conn.isn[h.d] = int(w.seq[pk[0]])
         pay = pk[w.plen[pk] > 0]
+        fins = pk[(flags & FIN) != 0]
+        fin = int(gpos[fins[0]]) if len(fins) else -1
         if len(pay):
             h.conn.conn.sniffed = True
             plen = w.plen[pay]
             offs = h.end + np.concatenate(([0], np.cumsum(plen)[:-1]))
             runs = np.stack([offs, gpos[pay], w.ts[pay], np.full(len(pay), fi, np.int64), w.number[pay]], 1)
             h.runs = np.concatenate((h.runs, runs)) if len(h.runs) else runs
+            total = int(plen.sum())
             h.segments += len(pay)
             assert h.half is not None
             h.half.segments += len(pay)
-            h.half.bytes += int(plen.sum())
-            data = w.data
+            h.half.bytes += total
+            data = memoryview(w.data)  # views: the bytes are copied once, into the window's buffer
             pieces = [data[p : p + q] for p, q in zip(w.poff[pay].tolist(), plen.tolist(), strict=True)]
-            new_end = h.end + int(plen.sum())
+            h.end += total
             if h.decoder is None:
-                buf = h.leftover + b"".join(pieces)
-                self._walk(h, buf, rows)
-            else:
-                self._feed(h, [bytes(p) for p in pieces], len(h.runs) - len(pay), rows)
-            h.end = new_end
-        fins = pk[(flags & FIN) != 0]
-        if len(fins):
-            self._finish(h, int(gpos[fins[0]]), rows)
+                walks.append((h, [h.leftover, *pieces], fin))  # a FIN waits for the walk
+                return
+            self._feed(h, [bytes(p) for p in pieces], len(h.runs) - len(pay), rows)
+        if fin >= 0:
+            self._finish(h, fin, rows)
 
-    def _walk(self, h: _Half, buf: bytes, rows: _Rows) -> None:
-        """Frames back to back from the start of ``buf`` (stream offset ``h.base``); the rest waits, or goes to a decoder."""
-        starts, stop, implausible = frame_walk(buf, self.max_body)
+    def _walk_all(self, walks: list[tuple[_Half, list[Any], int]], rows: _Rows) -> None:
+        """The directions' new bytes joined into one buffer (the window's), each walked in its own region."""
+        if not walks:
+            return
+        sizes = [sum(map(len, pieces)) for _h, pieces, _fin in walks]
+        buf = b"".join([p for _h, pieces, _fin in walks for p in pieces])
+        j = len(rows.bufs)
+        rows.bufs.append(buf)
+        mv = memoryview(buf)
+        at = 0
+        for (h, _pieces, fin), size in zip(walks, sizes, strict=True):
+            self._walk(h, mv, j, at, at + size, rows)
+            at += size
+            if fin >= 0:
+                self._finish(h, fin, rows)
+
+    def _walk(self, h: _Half, mv: memoryview, j: int, a: int, b: int, rows: _Rows) -> None:
+        """Frames back to back from ``mv[a]`` (stream offset ``h.base``) to ``mv[b]``; the rest waits, or goes to a decoder."""
+        starts, stop, implausible = frame_walk(mv[a:b], self.max_body)
         base = h.base
         if len(starts):
             ends = np.append(starts[1:], stop)
@@ -636,11 +656,9 @@ class _Decode:
             k1 = h.runs[last, 1]
             k2 = _rank(last)
             k2[k1 == k1[0]] += self._k2_start(h, int(k1[0]))
-            j = len(rows.bufs)
-            rows.bufs.append(buf)
             m = len(starts)
             rows.w_buf.append(np.full(m, j, np.int64))
-            rows.w_start.append(starts)
+            rows.w_start.append(starts + a)
             rows.w_len.append(lens)
             rows.w_off.append(off)
             rows.w_half.append(np.full(m, rows.half(h), np.int64))
@@ -651,19 +669,19 @@ class _Decode:
             rows.add(k1, k2, 0, ref)
             self._note_k2(h, int(k1[-1]), int(k2[-1]) + 1)
         h.base = base + stop
+        rest = bytes(mv[a + stop : b])
         if implausible:
             # from here on the decoder itself, packet by packet (at a frame boundary: a fresh aligned decoder's state)
             h.decoder = FrameDecoder(max_body=self.max_body)
             h.dec_base = h.base
             r = int(np.searchsorted(h.runs[:, 0], h.base, "right") - 1)
-            rest = buf[stop:]
             offs = h.runs[r:, 0] - h.base
             offs[0] = 0
-            pieces = [rest[a:b] for a, b in zip(offs.tolist(), [*offs[1:].tolist(), len(rest)], strict=True)]
+            pieces = [rest[x:y] for x, y in zip(offs.tolist(), [*offs[1:].tolist(), len(rest)], strict=True)]
             h.leftover = b""
             self._feed(h, pieces, r, rows)
         else:
-            h.leftover = buf[stop:]
+            h.leftover = rest
             self._trim_runs(h, h.base)
 
     def _feed(self, h: _Half, pieces: list[bytes], r0: int, rows: _Rows) -> None:
@@ -820,7 +838,7 @@ class _Decode:
                 t.start[i], t.length[i], t.offset[i] = at, len(raw), ev[0]
                 extra.append(raw)
                 at += len(raw)
-        t.joined = b"".join([*rows.bufs, *extra])
+        t.joined = rows.bufs[0] if len(rows.bufs) == 1 and not extra else b"".join([*rows.bufs, *extra])
         ids = np.unique(t.gid).tolist()
         names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
         for g in ids:

@@ -25,8 +25,8 @@ from dcpinspect.capture.pcapfile import MAX_RECORD, TS_MAX, TS_UNKNOWN, CaptureR
 from dcpinspect.capture.read import read_records
 from dcpinspect.cli.main import main
 from dcpinspect.flows.records import CaptureStats
-from dcpinspect.tables.export import frames_df, frames_table
 from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.export import frames_df, frames_table
 from dcpinspect.tables.frames_vector import SCHEMA
 
 LINKTYPES = ["ether", "ether-vlan", "sll", "sll2", "raw", "null", "loop"]

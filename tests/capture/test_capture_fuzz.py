@@ -22,8 +22,8 @@ from scripts import load_script
 from dcpinspect import dissect, encode
 from dcpinspect.capture.read import read_records
 from dcpinspect.flows.records import CaptureStats
-from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.frames_vector import SCHEMA
 
 MUT = {"by_seqno": 1, "rev_seqno": 1}

@@ -24,8 +24,8 @@ from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
 from dcpinspect.capture.read import read_chunks, read_records
 from dcpinspect.flows.reassembly import TS_MAX, TS_UNKNOWN
 from dcpinspect.flows.records import CaptureStats, Record, RecordChunk
-from dcpinspect.tables.columns import FrameColumns
 from dcpinspect.tables.columnar import read_batches
+from dcpinspect.tables.columns import FrameColumns
 from dcpinspect.tables.frames_vector import SCHEMA, chunk_batch
 from dcpinspect.wire.decoder import FrameDecoder
 

@@ -26,9 +26,9 @@ from paths import CAPTURES, THIRD_PARTY
 from pcapfactory import LINKTYPES, Conn, Msg, write_capture
 
 from dcpinspect import encode
+from dcpinspect.capture.read import read_chunks
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.protocol.enums import Datatype, Feature
-from dcpinspect.capture.read import read_chunks
 from dcpinspect.tables.columnar import frame_walk, read_batches
 from dcpinspect.tables.frames_vector import SCHEMA, record_batches
 from dcpinspect.wire.decoder import FrameDecoder
@@ -194,3 +194,40 @@ def test_generated_captures(tmp_path_factory: pytest.TempPathFactory, conns: lis
         window=data.draw(st.sampled_from([0, 200, 5000]), label="window") or None,
         detect=data.draw(st.booleans(), label="detect"),
     )
+
+
+# --------------------------------------------------------------------------- JSON checking is a choice
+
+
+def _json_capture(path: Path) -> Path:
+    good = encode("DCP_MUTATION", extras={"by_seqno": 1, "rev_seqno": 1}, key="good", value=b'{"a": 1}', datatype=int(Datatype.JSON))
+    bad = encode("DCP_MUTATION", extras={"by_seqno": 2, "rev_seqno": 1}, key="bad", value=b'{"a": ', datatype=int(Datatype.JSON))
+    plain = encode("DCP_MUTATION", extras={"by_seqno": 3, "rev_seqno": 1}, key="plain", value=b"text")
+    write_capture(path, [Conn(msgs=[Msg("s2c", good + bad + plain)])])
+    return path
+
+
+def test_json_check_on_and_off(tmp_path: Path) -> None:
+    path = str(_json_capture(tmp_path / "j.pcap"))
+    on = assert_same_read([path])  # on by default: exactly the exact path's table
+    assert on.column("key").to_pylist() == ["good", "bad", "plain"]
+    assert on.column("json_check").to_pylist() == ["valid", "invalid", None]
+    assert on.column("problems").to_pylist()[1][0].startswith("datatype says JSON but the document is not valid JSON")
+    off = pa.Table.from_batches(list(read_batches([path], json_check=False)), schema=SCHEMA)
+    assert off.column("json_check").to_pylist() == ["not checked", "not checked", None]
+    assert off.column("problems").to_pylist() == [[], [], []]  # not checked, so nothing is claimed
+    assert off.drop_columns(["json_check", "problems"]).equals(on.drop_columns(["json_check", "problems"]))
+
+
+def test_cli_no_json_check(tmp_path: Path) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from dcpinspect.cli.main import main
+
+    path = str(_json_capture(tmp_path / "j.pcap"))
+    for flags, expected in (((), ["valid", "invalid", None]), (("--no-json-check",), ["not checked", "not checked", None])):
+        out = tmp_path / "f.parquet"
+        assert main(["frames", "--no-progress", *flags, "--parquet", str(out), path], out=io.StringIO(), stdin=io.StringIO("")) == 0
+        assert pq.read_table(out).column("json_check").to_pylist() == expected

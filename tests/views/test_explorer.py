@@ -15,8 +15,9 @@ matplotlib.use("Agg")
 import pytest
 from paths import CAPTURES
 
-from dcpinspect.capture.read import read_chunks, read_records
+from dcpinspect.capture.read import read_records
 from dcpinspect.live.tap import LiveCapture
+from dcpinspect.tables.columnar import read_parts
 from dcpinspect.tables.export import frames_df, frames_table
 from dcpinspect.timeline import build_timeline
 from dcpinspect.views.explorer import PAGE_COLUMNS, ExplorerModel, key_frames
@@ -166,7 +167,7 @@ def test_background_load_shows_the_first_chunk_then_the_rest(manual, failover) -
     heard: list[tuple[str, int, bool]] = []
     m.on_change(lambda what: heard.append((what, m.store.rows, m.loading)))
     m.load([BRANCHES], background=True, rows=10)
-    chunks = [len(c.events) for c in read_chunks([BRANCHES], rows=10)]
+    chunks = [p.batch.num_rows for p in read_parts([BRANCHES], rows=10)]
     assert len(chunks) > 2 and sum(chunks) == failover.frames
     assert m.loading and m.store.rows == chunks[0] and len(manual.jobs) == 1
     assert [r["frame"] for r in m.page_rows()] == [1, 2, 3, 4, 5]
@@ -211,7 +212,7 @@ def test_a_load_error_is_kept_not_lost_in_the_thread(manual, monkeypatch: pytest
     m.on_change(heard.append)
     manual.run_jobs()
     assert not m.loading and m.error == "OSError: the disk went away"
-    first, second = (len(c.events) for c in itertools.islice(read_chunks([BRANCHES], rows=10), 2))
+    first, second = (p.batch.num_rows for p in itertools.islice(read_parts([BRANCHES], rows=10), 2))
     assert m.store.rows == first + second and heard == ["rows"]  # the chunk in hand, then the end of the load
 
 
