@@ -82,6 +82,7 @@ def main(
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    args.own_process = argv is None  # the command line itself (not a caller's Python): start-up shortcuts are safe
     try:
         return int(args.func(args, console))
     except CliError as exc:

@@ -29,6 +29,7 @@ from ..wire.dissection import Dissection
 __all__ = [
     "COLUMN_NAMES",
     "DCP_COLUMNS",
+    "DICTIONARY_COLUMNS",
     "FIELD_COLUMNS",
     "FRAME_COLUMNS",
     "FRAME_VALUE_COLUMNS",
@@ -119,6 +120,9 @@ JSON_COLUMNS = (
     "stream_id",
     "problems",
 )
+
+#: the string columns with few distinct values: parquet stores them dictionary-encoded (the rest plain: as small, and a quarter faster to write)
+DICTIONARY_COLUMNS = ("file", "conn", "dir", "type", "name", "role", "status_name", "json_check")
 
 #: the DCP columns filled by :func:`dcp_values`
 DCP_COLUMNS = (

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 
 from ..flows.records import CaptureStats, Record
 from ..protocol.reference import reference_rows
 from .columnar import read_batches
-from .columns import FrameColumns
+from .columns import DICTIONARY_COLUMNS, FrameColumns
 from .frames_vector import SCHEMA, arrow_schema
 from .schema import pandas_dtype
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "FramesWriter",
@@ -57,7 +59,7 @@ def frames_table(source: Source, *, stats: CaptureStats | None = None, **options
     return pa.Table.from_batches(batches, schema=SCHEMA)
 
 
-def frames_df(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pd.DataFrame:
+def frames_df(source: Source, *, stats: CaptureStats | None = None, **options: Any) -> pd.DataFrame:  # pandas: imported by to_pandas
     """The frames table as a pandas DataFrame (nullable integer dtypes, uint64 kept exact)."""
     return frames_table(source, stats=stats, **options).to_pandas(types_mapper=pandas_dtype)
 
@@ -66,7 +68,7 @@ def write_parquet(table: pa.Table, path: str | Path) -> None:
     """Write the frames table as parquet (uint64 columns stay uint64)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(table, str(path))
+    pq.write_table(table, str(path), use_dictionary=list(DICTIONARY_COLUMNS))
 
 
 def write_csv(table: pa.Table, path: str | Path) -> None:
@@ -147,7 +149,7 @@ class FramesWriter:
             if self.fmt == "parquet":
                 import pyarrow.parquet as pq
 
-                self._writer = pq.ParquetWriter(self.path, table.schema)
+                self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=list(DICTIONARY_COLUMNS))
             else:
                 import pyarrow.csv as pcsv
 
@@ -164,6 +166,7 @@ class FramesWriter:
 
 def reference_frame(*, dialect: str | None = None) -> pd.DataFrame:
     """Every opcode's layout (one row per command, role, variant and field) as a DataFrame."""
+    import pandas as pd
     df = pd.DataFrame(reference_rows())
     if dialect is not None:
         df = df[df["dialect"] == dialect].reset_index(drop=True)

@@ -528,7 +528,7 @@ def _read_group(plan: _Plan, opcode: int, rows: np.ndarray, a: _Arrays, g: _Grou
     return json_rows
 
 
-_JSON_CHECK = pa.array([None, JSON_VALID, JSON_NOT_CHECKED], pa.string())
+_JSON_CHECK = pa.array(np.array([None, JSON_VALID, JSON_NOT_CHECKED], object), pa.string())  # not from a list: that imports pandas
 
 
 def _frame_columns(a: _Arrays, g: _Groups, sidx: np.ndarray, slow_cols: FrameColumns) -> dict[str, pa.Array]:

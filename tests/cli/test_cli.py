@@ -133,3 +133,22 @@ def test_console_script_entry_point() -> None:
         [sys.executable, "-m", "dcpinspect", "decode", "80 5c 00 00" + " 00" * 20], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0 and "DCP_NOOP command" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["summary"], ["frames", "--json"]], ids=["summary", "frames"])
+def test_capture_commands_start_without_pandas(argv: list[str]) -> None:
+    """``summary`` and ``frames`` (no --filter) never use pandas: the command line keeps pyarrow from importing it."""
+    capture = str(ROOT / "captures" / "dcp-session.pcap")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dcpinspect", *argv, "--no-progress", capture],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "pyarrow" in imported and not any(m.startswith("pandas.") for m in imported)  # ("pandas" alone: the refused attempt)
+    # called from Python, main() leaves pandas alone (pyarrow would remember it missing)
+    assert main([*argv, "--no-progress", capture], out=io.StringIO(), stdin=io.StringIO("")) == 0
+    import pandas  # noqa: F401 - still importable
