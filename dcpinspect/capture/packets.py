@@ -16,7 +16,7 @@ from collections import Counter
 
 from ..flows.reassembly import Segment
 
-__all__ = ["LINKTYPES", "locate_segment", "parse_packet"]
+__all__ = ["ETH_VLAN", "LINKTYPES", "locate_segment", "parse_packet"]
 
 #: supported link types (pcap LINKTYPE_ values)
 LINKTYPES = {
@@ -31,7 +31,7 @@ LINKTYPES = {
     229: "raw IPv6",
     276: "Linux cooked v2 (SLL2)",
 }
-_ETH_VLAN = frozenset((0x8100, 0x88A8, 0x9100))
+ETH_VLAN = frozenset((0x8100, 0x88A8, 0x9100))
 _U16 = struct.Struct(">H")
 _TCP = struct.Struct(">HHIIBB")
 _V6_EXT = frozenset((0, 43, 60, 51))  # hop-by-hop, routing, destination options, AH (length differs)
@@ -44,7 +44,7 @@ def _network(linktype: int, data: bytes) -> tuple[int, int] | str:
             return "short Ethernet header"
         etype = _U16.unpack_from(data, 12)[0]
         off = 14
-        while etype in _ETH_VLAN:
+        while etype in ETH_VLAN:
             if len(data) < off + 4:
                 return "short VLAN tag"
             etype = _U16.unpack_from(data, off + 2)[0]

@@ -37,7 +37,17 @@ from typing import BinaryIO, NamedTuple, Protocol
 from ..flows.reassembly import TS_MAX, TS_UNKNOWN  # the latest time a table holds; the time of a packet past it
 
 __all__ = [
+    "EPB",
+    "IDB",
+    "IF_TSRESOL",
     "MAX_RECORD",
+    "OPB",
+    "PCAPNG_BOM",
+    "PCAPNG_SHB",
+    "PCAP_MAGICS",
+    "SHB",
+    "SHB_MIN",
+    "SPB",
     "TS_MAX",
     "TS_UNKNOWN",
     "CaptureError",
@@ -48,26 +58,27 @@ __all__ = [
     "read_range",
     "split_ranges",
     "time_problem",
+    "ts_scale",
 ]
 
 MAX_RECORD = 256 * 1024 * 1024  # a record claiming more is corrupt
 _PIECE = 1 << 20  # reads longer than this go in pieces of at least this size (see ``_read``)
-_PCAP_MAGICS = {
+PCAP_MAGICS = {
     b"\xd4\xc3\xb2\xa1": ("<", 1_000),  # little-endian, microseconds (ns factor)
     b"\xa1\xb2\xc3\xd4": (">", 1_000),
     b"\x4d\x3c\xb2\xa1": ("<", 1),  # nanoseconds
     b"\xa1\xb2\x3c\x4d": (">", 1),
 }
-_PCAPNG_SHB = b"\x0a\x0d\x0d\x0a"
-_BOM = {b"\x4d\x3c\x2b\x1a": "<", b"\x1a\x2b\x3c\x4d": ">"}  # pcapng byte-order magic, as read
+PCAPNG_SHB = b"\x0a\x0d\x0d\x0a"
+PCAPNG_BOM = {b"\x4d\x3c\x2b\x1a": "<", b"\x1a\x2b\x3c\x4d": ">"}  # pcapng byte-order magic, as read
 # pcapng block types
-_IDB = 1  # interface description
-_OPB = 2  # packet (obsolete)
-_SPB = 3  # simple packet
-_EPB = 6  # enhanced packet
-_SHB = 0x0A0D0D0A  # section header
-_SHB_MIN = 28  # type, length, byte-order magic, version, section length, trailing length
-_IF_TSRESOL = 9  # interface option: timestamp resolution
+IDB = 1  # interface description
+OPB = 2  # packet (obsolete)
+SPB = 3  # simple packet
+EPB = 6  # enhanced packet
+SHB = 0x0A0D0D0A  # section header
+SHB_MIN = 28  # type, length, byte-order magic, version, section length, trailing length
+IF_TSRESOL = 9  # interface option: timestamp resolution
 
 
 class CaptureError(Exception):
@@ -147,10 +158,10 @@ class CaptureReader:
             try:
                 self.size = os.fstat(fh.fileno()).st_size
                 head = fh.read(4)
-                if head in _PCAP_MAGICS:
+                if head in PCAP_MAGICS:
                     self.format = "pcap"
                     yield from self._pcap(fh, head)
-                elif head == _PCAPNG_SHB:
+                elif head == PCAPNG_SHB:
                     self.format = "pcapng"
                     fh.seek(0)
                     yield from self._pcapng(fh)
@@ -210,7 +221,7 @@ class CaptureReader:
         return TS_UNKNOWN
 
     def _pcap(self, fh: _Readable, magic: bytes) -> Iterator[RawPacket]:
-        endian, ns = _PCAP_MAGICS[magic]
+        endian, ns = PCAP_MAGICS[magic]
         hdr = fh.read(20)
         if len(hdr) < 20:
             raise CaptureError(self.path, 4, "pcap global header truncated")
@@ -259,10 +270,10 @@ class CaptureReader:
                 self._problem(offset, f"truncated block header ({len(h)} of 8 bytes): the capture was cut short")
                 return
             head = b""
-            if h[:4] == _PCAPNG_SHB:
+            if h[:4] == PCAPNG_SHB:
                 head = fh.read(4)
-                if head in _BOM:
-                    endian = _BOM[head]
+                if head in PCAPNG_BOM:
+                    endian = PCAPNG_BOM[head]
                 else:
                     if first:
                         raise CaptureError(self.path, offset + 8, "pcapng section header corrupt (byte-order magic)")
@@ -271,7 +282,7 @@ class CaptureReader:
                 ifaces = []
             btype, blen = struct.unpack(endian + "II", h)
             # every length is checked before anything is read
-            if blen < (_SHB_MIN if head else 12) or blen % 4 or blen > MAX_RECORD:
+            if blen < (SHB_MIN if head else 12) or blen % 4 or blen > MAX_RECORD:
                 if first:
                     raise CaptureError(self.path, offset, f"pcapng section header corrupt (block length {blen})")
                 self._problem(offset, f"corrupt block: length {blen}; reading stopped")
@@ -289,14 +300,14 @@ class CaptureReader:
                 self._problem(offset, "corrupt block: trailing length differs; reading stopped")
                 return
             first = False
-            if btype == _IDB and len(body) >= 8:
+            if btype == IDB and len(body) >= 8:
                 linktype, _res, snaplen = struct.unpack(endian + "HHI", body[:8])
                 iface = _Iface(linktype, snaplen)
                 self._iface_options(iface, body[8:], endian)
                 ifaces.append(iface)
                 self.linktypes.add(linktype)
-            elif btype in (_EPB, _OPB) and len(body) >= 20:
-                if btype == _EPB:
+            elif btype in (EPB, OPB) and len(body) >= 20:
+                if btype == EPB:
                     iid, tsh, tsl, caplen, wirelen = struct.unpack(endian + "IIIII", body[:20])
                 else:
                     iid, _drops, tsh, tsl, caplen, wirelen = struct.unpack(endian + "HHIIII", body[:20])
@@ -315,7 +326,7 @@ class CaptureReader:
                     offset,
                     offset + 28,
                 )
-            elif btype == _SPB and len(body) >= 4 and ifaces:
+            elif btype == SPB and len(body) >= 4 and ifaces:
                 (wirelen,) = struct.unpack(endian + "I", body[:4])
                 caplen = min(wirelen, len(body) - 4, ifaces[0].snaplen or wirelen)
                 self.packets += 1
@@ -324,22 +335,28 @@ class CaptureReader:
 
     @staticmethod
     def _iface_options(iface: _Iface, opts: bytes, endian: str) -> None:
-        """Apply ``if_tsresol``: any 7-bit exponent of 10 or 2 is exact (integers); a time it puts out of range is caught per packet."""
-        pos = 0
-        while pos + 4 <= len(opts):
-            code, length = struct.unpack(endian + "HH", opts[pos : pos + 4])
-            if code == 0:
-                return
-            value = opts[pos + 4 : pos + 4 + length]
-            if code == _IF_TSRESOL and length >= 1:
-                r = value[0]
-                if r & 0x80:  # 2^-n seconds per tick
-                    iface.ns_mul, iface.ns_div = 1_000_000_000, 1 << (r & 0x7F)
-                elif r <= 9:  # 10^-n
-                    iface.ns_mul, iface.ns_div = 10 ** (9 - r), 1
-                else:
-                    iface.ns_mul, iface.ns_div = 1, 10 ** (r - 9)
-            pos += 4 + length + (-length % 4)
+        iface.ns_mul, iface.ns_div = ts_scale(opts, endian)
+
+
+def ts_scale(opts: bytes, endian: str) -> tuple[int, int]:
+    """An interface's ``if_tsresol`` as (mul, div): ns = ticks * mul // div (any 7-bit exponent of 10 or 2 is exact; default 10^-6 s)."""
+    mul, div = 1_000, 1
+    pos = 0
+    while pos + 4 <= len(opts):
+        code, length = struct.unpack(endian + "HH", opts[pos : pos + 4])
+        if code == 0:
+            break
+        value = opts[pos + 4 : pos + 4 + length]
+        if code == IF_TSRESOL and length >= 1:
+            r = value[0]
+            if r & 0x80:  # 2^-n seconds per tick
+                mul, div = 1_000_000_000, 1 << (r & 0x7F)
+            elif r <= 9:  # 10^-n
+                mul, div = 10 ** (9 - r), 1
+            else:
+                mul, div = 1, 10 ** (r - 9)
+        pos += 4 + length + (-length % 4)
+    return mul, div
 
 
 # --------------------------------------------------------------------------- byte ranges (many readers of one big file)
@@ -406,15 +423,15 @@ def split_ranges(source: str | os.PathLike[str] | Seekable, split_size: int) -> 
     whole = [CaptureRange(0, size, 1, b"")]
     b = _Blocks(source)
     head = b.get(0, 4)
-    if head in _PCAP_MAGICS:
+    if head in PCAP_MAGICS:
         return _split_pcap(b, size, head, split_size) or whole
-    if head == _PCAPNG_SHB:
+    if head == PCAPNG_SHB:
         return _split_pcapng(b, size, split_size) or whole
     return whole
 
 
 def _split_pcap(b: _Blocks, size: int, magic: bytes, split_size: int) -> list[CaptureRange]:
-    endian, _ns = _PCAP_MAGICS[magic]
+    endian, _ns = PCAP_MAGICS[magic]
     hdr = b.get(0, 24)
     if len(hdr) < 24:
         return []
@@ -446,23 +463,23 @@ def _split_pcapng(b: _Blocks, size: int, split_size: int) -> list[CaptureRange]:
     start, first, pos, number, head = 0, 1, 0, 0, b""
     while pos + 12 <= size:
         h = b.get(pos, 12)
-        if h[:4] == _PCAPNG_SHB:
-            if h[8:12] not in _BOM:
+        if h[:4] == PCAPNG_SHB:
+            if h[8:12] not in PCAPNG_BOM:
                 break
-            endian = _BOM[h[8:12]]
+            endian = PCAPNG_BOM[h[8:12]]
         btype, blen = struct.unpack(endian + "II", h[:8])
         if blen < 12 or blen % 4 or blen > MAX_RECORD or pos + blen > size:
             break
         if struct.unpack(endian + "I", b.get(pos + blen - 4, 4))[0] != blen:
             break
-        if btype == _SHB:
+        if btype == SHB:
             prefix, ifaces = [b.get(pos, blen)], 0
-        elif btype == _IDB:
+        elif btype == IDB:
             prefix.append(b.get(pos, blen))
             ifaces += 1
-        elif btype in (_EPB, _OPB) and blen - 12 >= 20:
+        elif btype in (EPB, OPB) and blen - 12 >= 20:
             body = b.get(pos + 8, 20)
-            iid = struct.unpack(endian + ("H" if btype == _OPB else "I"), body[: 2 if btype == _OPB else 4])[0]
+            iid = struct.unpack(endian + ("H" if btype == OPB else "I"), body[: 2 if btype == OPB else 4])[0]
             caplen = struct.unpack(endian + "I", body[12:16])[0]
             if iid >= ifaces or caplen > blen - 12 - 20:
                 break
@@ -470,7 +487,7 @@ def _split_pcapng(b: _Blocks, size: int, split_size: int) -> list[CaptureRange]:
                 out.append(CaptureRange(start, pos, first, head))
                 start, first, head = pos, number + 1, b"".join(prefix)
             number += 1
-        elif btype == _SPB and blen - 12 >= 4 and ifaces:
+        elif btype == SPB and blen - 12 >= 4 and ifaces:
             number += 1
         pos += blen
     out.append(CaptureRange(start, size, first, head))
@@ -520,10 +537,10 @@ def read_range(reader: CaptureReader, f: Seekable, rng: CaptureRange) -> Iterato
     head = prefix[:4] if prefix else fh.read(4)
     if prefix:
         fh.vpos = 4
-    if head in _PCAP_MAGICS:
+    if head in PCAP_MAGICS:
         reader.format = "pcap"
         yield from reader._pcap(fh, head)
-    elif head == _PCAPNG_SHB:
+    elif head == PCAPNG_SHB:
         reader.format = "pcapng"
         fh.vpos = 0
         yield from reader._pcapng(fh)

@@ -16,12 +16,14 @@ Two passes over the files, each a window of packets at a time
 TCP headers parsed with numpy over an mmap):
 
 1. **The proof** (:class:`_Proof`).  A 4-tuple is *simple* when its first
-   packet is a SYN to a memcached server port (not TLS), each direction opens
-   with its SYN (the server's with SYN-ACK) and has no other SYN, no RST, no
-   byte the snaplen cut, every payload segment and FIN at exactly the next
-   sequence number (so no retransmission, overlap, gap or reordering), nothing
-   after its FIN, at most one FIN, and the first payload is not a TLS record.
-   Every other 4-tuple (and all traffic on other ports) is *exact*.
+   packet is a SYN - to a memcached server port, or to another port whose
+   first payload is a plausible header (as the reassembler detects one) -
+   each direction opens with its SYN (the server's with SYN-ACK) and has no
+   other SYN, no byte the snaplen cut, every payload segment and FIN at
+   exactly the next sequence number (so no retransmission, overlap, gap or
+   reordering), at most one FIN and nothing after it, no payload after a RST,
+   and the first payload is not a TLS record.  Every other 4-tuple (and all
+   traffic that is not memcached binary) is *exact*.
 2. **The decode** (:class:`_Decode`).  A simple direction's payloads are
    joined and walked frame by frame with one precompiled ``struct`` loop (the
    decoder's own plausibility rules); each frame's first and last byte find
@@ -49,7 +51,8 @@ Rules:
 2. One odd connection never slows the others: the proof is per 4-tuple.
 3. Memory is bounded by the window (and a frame's bytes per direction held
    across windows), not by the capture: the packet arrays of a window and the
-   rows it completed, never the whole capture.
+   rows it completed, never the whole capture.  (A capture of up to 256 MiB
+   keeps its packet arrays between the passes, so it is parsed once.)
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ _MASK32 = 0xFFFFFFFF
 _GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
 #: the ``k1`` of rows emitted at the end of the capture: ``CLOSE_BASE`` + the position their connection became known at
 CLOSE_BASE = 1 << 61
-_WINDOW = 32 << 20
+_WINDOW = 16 << 20
 _CACHE_BYTES = 256 << 20  # captures up to this size are parsed once (their packet arrays kept between the passes) ...
 _CACHE_SEGMENTS = 1 << 21  # ... unless they hold more segments than this
 
