@@ -167,6 +167,7 @@ class FramesWriter:
 def reference_frame(*, dialect: str | None = None) -> pd.DataFrame:
     """Every opcode's layout (one row per command, role, variant and field) as a DataFrame."""
     import pandas as pd
+
     df = pd.DataFrame(reference_rows())
     if dialect is not None:
         df = df[df["dialect"] == dialect].reset_index(drop=True)
