@@ -1,15 +1,18 @@
 """The Spark pipeline (dcpinspect.spark) against the single-process path, on generated captures.
 
-    python benchmarks/bench_spark.py [--mb 1024] [--keep DIR] [--cores 1,2]
+    python benchmarks/bench_spark.py [--mb 1024] [--keep DIR] [--cores 1,2] [--big-file [--conns 8]] [--spark-only] [--no-tshark]
 
 Writes ``--mb`` MiB of captures (one big file of 40 % and six smaller ones,
-4 interleaved connections each, the generator of ``bench_capture.py``), then
+4 interleaved connections each, the generator of ``bench_capture.py``; with
+``--big-file`` one file of ``--mb`` MiB over ``--conns`` connections), then
 measures in one run:
 
 * the single-process paths over all files: the frames table
-  (``batches.read_batches``, streamed), the same written as parquet, the
-  timeline (``read_records`` + ``TimelineBuilder``), and both in one decode
-  (chunks to parquet and to a ``TimelineBuilder``) - frames/s;
+  (``columnar.read_batches``, what ``frames_table`` reads, streamed), the
+  same written as parquet, the timeline (``read_records`` +
+  ``TimelineBuilder``), and both in one decode (the columnar parts to parquet
+  and their records to a ``TimelineBuilder``) - frames/s (``--spark-only``
+  skips them);
 * a local Spark run per core count in a fresh process (``local[N]``): session
   start, an empty job, the first Python job; then ``analyze`` end to end
   (every table and ``report.html``; the number the issue asks for) with peak
@@ -37,13 +40,37 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_capture import time_tshark, write_capture
+from bench_capture import Failed, tshark, write_capture
+
+
+def time_tshark(path: Path) -> tuple[float, int] | None:
+    """(CPU seconds, frames) of tshark on ``path`` (bench_capture's command), or None without tshark."""
+    import shutil
+
+    exe = shutil.which("tshark")
+    if exe is None:
+        return None
+    try:
+        s = tshark(path, exe)
+    except Failed as exc:
+        print(f"tshark failed: {exc}")
+        return None
+    return s.cpu, s.frames
+
 
 BYTES_PER_FRAME = 183  # bench_capture's mutations with TCP overhead, measured
 
 
-def generate(directory: Path, mb: int) -> list[Path]:
+def generate(directory: Path, mb: int, *, big_file: bool = False, conns: int = 8) -> list[Path]:
     total = mb * 1024 * 1024 // BYTES_PER_FRAME
+    if big_file:
+        import bench_capture
+
+        p = directory / f"big-{mb}mb-{conns}conns.pcap"
+        if not p.exists():
+            bench_capture.CONNS = conns  # the generator's interleaved connections
+            write_capture(p, total)
+        return [p]
     sizes = [int(total * 0.4)] + [int(total * 0.1)] * 6
     paths = []
     for i, n in enumerate(sizes):
@@ -157,6 +184,12 @@ def main() -> int:
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--split-size", type=int, default=64 * 1024 * 1024)
     ap.add_argument("--dataframe", action="store_true", help="also time the frames DataFrame through Spark's writer (keys + frames passes)")
+    ap.add_argument("--big-file", action="store_true", help="one capture of --mb MiB over --conns connections instead of seven files")
+    ap.add_argument("--conns", type=int, default=8, help="connections of the --big-file capture")
+    ap.add_argument(
+        "--spark-only", action="store_true", help="skip the single-process measures (e.g. to time another checkout's Spark path)"
+    )
+    ap.add_argument("--no-tshark", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -166,56 +199,20 @@ def main() -> int:
     directory = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-spark-"))
     directory.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    paths = generate(directory, args.mb)
+    paths = generate(directory, args.mb, big_file=args.big_file, conns=args.conns)
     size = sum(p.stat().st_size for p in paths)
     print(f"captures: {len(paths)} files, {size / 2**20:.0f} MiB ({time.perf_counter() - t:.0f} s to write) in {directory}")
-
-    from dcpinspect.tables.frames_vector import read_batches
-
-    t = time.perf_counter()
-    single = sum(b.num_rows for b in read_batches([str(p) for p in paths]))
-    dt_single = time.perf_counter() - t
-    fps_single = single / dt_single
-    print(f"single process (read_batches, streamed): {single:,} frames in {dt_single:.1f} s = {fps_single:,.0f} frames/s")
-    import pyarrow.parquet as pq
-
-    from dcpinspect.tables.frames_vector import SCHEMA
-
-    t = time.perf_counter()
-    with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
-        for b in read_batches([str(p) for p in paths]):
-            w.write_batch(b)
-    dt_single_pq = time.perf_counter() - t
-    print(f"single process + parquet write (pyarrow): {dt_single_pq:.1f} s = {single / dt_single_pq:,.0f} frames/s")
-    from dcpinspect.capture.read import read_records
-    from dcpinspect.timeline import build_timeline
-
-    t = time.perf_counter()
-    build_timeline(read_records([str(p) for p in paths]))
-    dt_tl = time.perf_counter() - t
-    print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
-    from dcpinspect.capture.read import read_chunks
-    from dcpinspect.flows.records import gc_paused
-    from dcpinspect.tables.frames_vector import chunk_batch
-    from dcpinspect.timeline import TimelineBuilder
-
-    t = time.perf_counter()
-    builder = TimelineBuilder()
-    with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
-        for chunk in gc_paused(read_chunks([str(p) for p in paths])):
-            w.write_batch(chunk_batch(chunk))
-            for r in chunk.records():
-                builder.feed(r)
-    builder.timeline()
-    dt_fused = time.perf_counter() - t
-    print(f"single process, one decode: frames parquet + timeline: {dt_fused:.1f} s = {single / dt_fused:,.0f} frames/s")
-    fps_both = single / dt_fused
+    single, dt_single, dt_single_pq, dt_tl, dt_fused = 0, 0.0, 0.0, 0.0, 0.0
+    if not args.spark_only:
+        single, dt_single, dt_single_pq, dt_tl, dt_fused = single_process([str(p) for p in paths], directory)
+    fps_single = single / dt_single if dt_single else 0.0
+    fps_both = single / dt_fused if dt_fused else 0.0
 
     small = min(paths, key=lambda p: p.stat().st_size)
-    ts = time_tshark(small)
+    ts = None if args.no_tshark else time_tshark(small)
     fps_tshark = ts[1] / ts[0] if ts else None
     if ts:
-        print(f"tshark on {small.name}: {ts[1]:,} frames in {ts[0]:.1f} s = {fps_tshark:,.0f} frames/s")
+        print(f"tshark on {small.name}: {ts[1]:,} frames in {ts[0]:.1f} s CPU = {fps_tshark:,.0f} frames/s")
 
     for cores in (int(c) for c in args.cores.split(",")):
         cfg = json.dumps(
@@ -232,7 +229,16 @@ def main() -> int:
             print(f"local[{cores}]: failed\n{proc.stderr[-2000:]}")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert int(r["frames"]) == single, (r["frames"], single)
+        assert not single or int(r["frames"]) == single, (r["frames"], single)
+        if not single:  # --spark-only: the ratios to the single-process paths are left out
+            print(
+                f"local[{cores}]: session {r['session']:.1f} s; analyze end to end (no session): {r['analyze_end_to_end']:.1f} s = "
+                f"{r['frames'] / r['analyze_end_to_end']:,.0f} frames/s; stages: split+segments {r['split+segments']:.1f} s, "
+                f"status+sizes {r['status+sizes']:.1f} s, frames+write {r['frames+write']:.1f} s, "
+                f"frames+timelines+write {r['frames+timelines+write']:.1f} s, merge {r['merge']:.1f} s",
+                flush=True,
+            )
+            continue
         fps = r["frames"] / r["pipeline"]
         fps_an = r["frames"] / r["analyze_end_to_end"]
         print(
@@ -255,6 +261,46 @@ def main() -> int:
                 f"  DataFrame path: keys {r['keys']:.1f} s, frames + Spark's parquet writer {r['frames+spark write']:.1f} s: {fps_df:,.0f} frames/s"
             )
     return 0
+
+
+def single_process(paths: list[str], directory: Path) -> tuple[int, float, float, float, float]:
+    """The single-process paths: (frames, table s, table + parquet s, timeline s, table parquet + timeline in one decode s)."""
+    import pyarrow.parquet as pq
+
+    from dcpinspect.capture.read import read_records
+    from dcpinspect.tables.columnar import read_batches, read_parts
+    from dcpinspect.tables.frames_vector import SCHEMA
+    from dcpinspect.timeline import TimelineBuilder, build_timeline
+
+    t = time.perf_counter()
+    c = time.process_time()
+    single = sum(b.num_rows for b in read_batches(paths))
+    dt_single = time.perf_counter() - t
+    print(
+        f"single process (columnar read_batches = frames_table, streamed): {single:,} frames in {dt_single:.1f} s "
+        f"({time.process_time() - c:.1f} s CPU) = {single / dt_single:,.0f} frames/s"
+    )
+    t = time.perf_counter()
+    with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
+        for b in read_batches(paths):
+            w.write_batch(b)
+    dt_single_pq = time.perf_counter() - t
+    print(f"single process + parquet write (pyarrow): {dt_single_pq:.1f} s = {single / dt_single_pq:,.0f} frames/s")
+    t = time.perf_counter()
+    build_timeline(read_records(paths))
+    dt_tl = time.perf_counter() - t
+    print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
+    t = time.perf_counter()
+    builder = TimelineBuilder()
+    with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
+        for part in read_parts(paths):
+            w.write_batch(part.batch)
+            for r in part.records():
+                builder.feed(r)
+    builder.timeline()
+    dt_fused = time.perf_counter() - t
+    print(f"single process, one decode: frames parquet + timeline: {dt_fused:.1f} s = {single / dt_fused:,.0f} frames/s")
+    return single, dt_single, dt_single_pq, dt_tl, dt_fused
 
 
 if __name__ == "__main__":

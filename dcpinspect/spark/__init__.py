@@ -8,16 +8,17 @@ stage is a function from DataFrame to DataFrame:
    file is read by many tasks; each range carries the file's header bytes and
    is read as a capture of its own.
 2. :func:`~dcpinspect.spark.stages.segments`: the TCP segments of each range
-   (:func:`~dcpinspect.capture.pcapfile.read_range`,
-   :func:`~dcpinspect.capture.packets.locate_segment`) as small metadata rows:
+   (:func:`~dcpinspect.tables.packets_vector.range_window`: the headers parsed
+   with numpy, as the single-process path does) as small metadata rows:
    capture position (file index << 40 | packet number), time, endpoints,
    sequence number, flags, and the payload's offset and length in its file -
    not the payload.  Per-range status rows travel along.
 3. :func:`~dcpinspect.spark.stages.by_connection`: shuffle by connection
    (spread by size), sort by capture position.  Then each task reads the
    payload bytes straight from the files (``pyarrow.fs``, so cluster storage
-   works the same) through a bounded window and runs the core's reassembler,
-   decoder and context (:func:`~dcpinspect.flows.records.iter_chunks`).
+   works the same) a window at a time and decodes them by the single-process
+   columnar path (:func:`~dcpinspect.tables.columnar.decode_windows`: simple
+   connections as arrays, the rest through the core's reassembler).
    A keys pass (:mod:`~dcpinspect.spark.passes`) counts the records each
    capture position completes: that small table, collected, gives every
    frame and connection its single-process number

@@ -23,9 +23,8 @@ import pyarrow.compute as pc
 
 from ..flows.records import gc_paused
 from ..protocol import spec
-from ..tables.frames_vector import chunk_batch
 from ..tables.schema import COLUMN_TYPES, FLOW_SCHEMA, FRAMES_DDL, ITEMS_SCHEMA, SCHEMA, SPARK_ARROW, SPARK_SCHEMA, TIMESTAMP_US
-from .numbering import DEFAULT_OPTIONS, KSHIFT, Keyed, Numbering, Options, RecordKeys
+from .numbering import DEFAULT_OPTIONS, KSHIFT, Keyed, Numbering, Options
 from .session import filesystem
 
 __all__ = [
@@ -169,12 +168,12 @@ def frames_task(
 ) -> Iterator[pa.RecordBatch]:
     """Stage 3b in one task: segment metadata (in capture order) -> frames rows with their global numbers (Spark types)."""
     keyed = Keyed(batches, paths, last, options)
-    rk = RecordKeys()
-    cid = numbering.conn_ids
-    for chunk, run_k1, run_ck in keyed.chunks():
-        k1, k2 = rk.keys(run_k1, chunk.counts)
-        conn = np.repeat(np.array([cid[c] for c in run_ck], np.int32), np.array(chunk.counts, np.int64))
-        yield spark_batch(chunk_batch(chunk), frame=pa.array(numbering.frame_numbers(k1, k2)), conn_id=pa.array(conn))
+    cks = np.array(sorted(numbering.conn_ids), np.int64)
+    ids = np.array([numbering.conn_ids[c] for c in cks.tolist()], np.int32)
+    for part in keyed.parts():
+        k1, k2, ck = part.keys
+        conn = ids[np.searchsorted(cks, ck)]
+        yield spark_batch(part.batch, frame=pa.array(numbering.frame_numbers(k1, k2)), conn_id=pa.array(conn))
 
 
 def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: tuple[int, int], options: Options = DEFAULT_OPTIONS) -> Any:

@@ -1,15 +1,31 @@
-"""Record keys and the global numbering: what each frames task decodes, and how its records get the single-process numbers.
+"""Record keys and the global numbering: what each frames task decodes, and how its rows get the single-process numbers.
 
 Global frame numbers follow completion order over the whole capture, but each
 task sees only its connections.  Each segment carries its capture position
-(``file_index << 40 | packet number``), so every record knows what completed
+(``file_index << 40 | packet number``), so every row knows what completed
 it: ``k1``, that position (or :data:`CLOSE_BASE` plus its connection's for
-the records held to the end of the capture), and ``k2``, its order among the
-records of that ``k1``; a connection is known by ``ck``, the position that
-made it known.  A first pass (the keys pass) counts the records per ``k1``
+the rows held to the end of the capture), and ``k2``, its order among the
+rows of that ``k1``; a connection is known by ``ck``, the position that
+made it known.  A first pass (the keys pass) counts the rows per ``k1``
 and lists the connections; that small table, collected, is the
 :class:`Numbering`: frame numbers follow ``(k1, k2)`` order, connection ids
-``ck`` order.  One record is named by one integer, ``k1 << KSHIFT | k2``.
+``ck`` order.  One row is named by one integer, ``k1 << KSHIFT | k2``.
+
+A task decodes with the columnar path (:func:`~dcpinspect.tables.columnar.decode_windows`),
+which gives exactly these keys (:attr:`~dcpinspect.tables.columnar.TablePart.keys`):
+
+1. The task's segment metadata is held in memory as arrays
+   (:class:`TaskSegments`: some 70 bytes a segment, no payload) - the decode
+   reads its segments twice (the proof, then the decode) and Spark's input
+   iterator can be read once.  Each pass cuts it into windows of one file and
+   at most :data:`WINDOW` bytes of file; a window's payload bytes are read
+   from the file then (:meth:`Payloads.gather`: a few large reads through
+   ``pyarrow.fs``), so memory is bounded by the window, not by the task.
+2. The capture's last segment ends the task's segments: the exact path ends
+   its connections (gaps, truncated frames) there, as a read of the whole
+   capture does.
+3. A connection that emitted no row still has an id: the decode reports
+   every connection's ``ck`` (``decode_windows(known_at=...)``).
 """
 
 from __future__ import annotations
@@ -21,8 +37,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..flows.reassembly import DEFAULT_SERVER_PORTS, TLS_PORTS, Segment
-from ..flows.records import CaptureStats, RecordChunk, iter_chunks
+from ..flows.reassembly import DEFAULT_SERVER_PORTS, TLS_PORTS
+from ..flows.records import CaptureStats
+from ..tables.columnar import CLOSE_BASE, TablePart, decode_windows
+from ..tables.packets_vector import SegmentWindow
 from .session import filesystem
 from .stages import GPOS_SHIFT, SEG_INPUT
 
@@ -33,20 +51,23 @@ __all__ = [
     "KEYS_DDL",
     "KEYS_SCHEMA",
     "KSHIFT",
+    "WINDOW",
     "Counts",
     "Keyed",
     "Numbering",
     "Options",
     "Payloads",
-    "RecordKeys",
+    "TaskSegments",
     "keys_batch",
     "uncount",
 ]
 
-CLOSE_BASE = 1 << 61  # records emitted at the end of the capture sort after every packet
-KSHIFT = 24  # records completed by one packet (or at the end of one connection) per k1: < 2**24
-WINDOW = 256 * 1024  # payload bytes read at once per file in a frames task
+KSHIFT = 24  # rows completed by one packet (or at the end of one connection) per k1: < 2**24
+WINDOW = 32 << 20  # file bytes a frames task decodes at once (per window of segments)
+GAP = 64 << 10  # payloads closer than this in a file are read in one piece (the bytes between included)
 COUNT_BLOCK = 1 << 18  # capture positions per packed row of the keys table
+_MASK = (1 << GPOS_SHIFT) - 1
+_SENTINEL = "0.0.0.0"  # the end-of-capture segment's endpoints (port 0: never a connection)
 
 
 @dataclass(frozen=True)
@@ -58,144 +79,201 @@ class Options:
     tls_ports: tuple[int, ...] = tuple(sorted(TLS_PORTS))
     reveal_secrets: bool = False
     rows: int = 65536
+    json_check: bool = True
 
 
 DEFAULT_OPTIONS = Options()
 
 
-_CLOSE = "C"
-
-
 class Payloads:
-    """Payload bytes read from the files (``pyarrow.fs``) through one bounded window."""
+    """Payload bytes read from the files (``pyarrow.fs``), one file open at a time."""
 
-    def __init__(self, window: int = WINDOW) -> None:
-        self.window = window
+    def __init__(self) -> None:
         self.fi = -1
         self.f: Any = None
-        self.lo, self.buf = 0, b""
 
-    def get(self, fi: int, path: str, off: int, n: int) -> bytes:
-        """``n`` bytes at ``off`` of file ``fi`` (``path``)."""
-        if not n:
-            return b""
+    def _file(self, fi: int, path: str) -> Any:
         if fi != self.fi:
             self.close()
             fs, p = filesystem(path)
-            self.f, self.fi, self.lo, self.buf = fs.open_input_file(p), fi, 0, b""
-        lo = self.lo
-        if lo <= off and off + n <= lo + len(self.buf):
-            return self.buf[off - lo : off - lo + n]
-        self.buf = self.f.read_at(max(n, self.window), off)
-        self.lo = off
-        return self.buf[:n]
+            self.f, self.fi = fs.open_input_file(p), fi
+        return self.f
+
+    def gather(self, fi: int, path: str, off: np.ndarray, n: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """The payloads ``n`` bytes at file offsets ``off`` of file ``fi``: one buffer, and each payload's offset in it.
+
+        Payloads less than :data:`GAP` apart are read in one piece, so a
+        window takes a few large reads, never one per segment.
+        """
+        rel = np.zeros(len(off), np.int64)
+        has = np.flatnonzero(n > 0)
+        if not len(has):
+            return b"", rel
+        o, e = off[has], off[has] + n[has]
+        reach = np.maximum.accumulate(e)
+        new = np.ones(len(o), bool)
+        new[1:] = o[1:] > reach[:-1] + GAP
+        starts = np.flatnonzero(new)
+        lo, hi = np.minimum.reduceat(o, starts), np.maximum.reduceat(e, starts)
+        sizes = hi - lo
+        base = np.cumsum(sizes) - sizes
+        span = np.cumsum(new) - 1
+        rel[has] = o - lo[span] + base[span]
+        f = self._file(fi, path)
+        pieces = [f.read_at(size, at) for at, size in zip(lo.tolist(), sizes.tolist(), strict=True)]
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), rel
 
     def close(self) -> None:
         """Close the file open now."""
         if self.f is not None:
             self.f.close()
-        self.f, self.fi, self.buf = None, -1, b""
+        self.f, self.fi = None, -1
+
+
+@dataclass
+class TaskSegments:
+    """A task's segment metadata (:data:`~dcpinspect.spark.stages.SEG_INPUT`) as arrays, in capture order; endpoints as indexes into ``addresses``."""
+
+    cols: dict[str, np.ndarray]
+    addresses: list[str]
+
+    @classmethod
+    def of(cls, batches: Iterable[pa.RecordBatch]) -> TaskSegments:
+        """Read Spark's input batches (once)."""
+        bs = [b for b in batches if b.num_rows]
+        if not bs:
+            return cls({k: np.zeros(0, np.int64) for k in SEG_INPUT}, [])
+        t = pa.Table.from_batches(bs).select(list(SEG_INPUT))
+        cols = {k: t.column(k).to_numpy() for k in SEG_INPUT if k not in ("src", "dst")}
+        both = pa.concat_arrays([*t.column("src").chunks, *t.column("dst").chunks]).dictionary_encode()
+        idx = both.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        n = t.num_rows
+        cols["src"], cols["dst"] = idx[:n], idx[n:]
+        g = cols["gpos"]
+        if n > 1 and bool((g[1:] < g[:-1]).any()):  # by_connection sorts them; anything else is put in capture order
+            order = np.argsort(g, kind="stable")
+            cols = {k: v[order] for k, v in cols.items()}
+        return cls(cols, both.dictionary.to_pylist())
+
+    def __len__(self) -> int:
+        return len(self.cols["gpos"])
+
+    def windows(self, paths: list[str], last: tuple[int, int]) -> Iterator[SegmentWindow]:
+        """The segments as windows of one file and at most :data:`WINDOW` file bytes, payloads read; then the end of the capture."""
+        c = self.cols
+        n = len(self)
+        if not n:
+            return
+        fi, poff, plen = c["file_index"], c["poff"], c["plen"].astype(np.int64)
+        cuts = np.flatnonzero(fi[1:] != fi[:-1]) + 1
+        payloads = Payloads()
+        try:
+            for a0, b0 in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
+                a = a0
+                reach = np.maximum.accumulate(poff[a0:b0] + plen[a0:b0])  # where the file's payloads so far end
+                while a < b0:
+                    b = max(a + 1, int(np.searchsorted(reach[a - a0 :], int(poff[a]) + WINDOW, "right")) + a)
+                    yield self._window(paths, payloads, a, b)
+                    a = b
+        finally:
+            payloads.close()
+        yield self._end(paths, last)
+
+    def _window(self, paths: list[str], payloads: Payloads, a: int, b: int) -> SegmentWindow:
+        c = self.cols
+        f = int(c["file_index"][a])
+        plen = c["plen"][a:b].astype(np.int64)
+        data, rel = payloads.gather(f, paths[f], c["poff"][a:b], plen)
+        return SegmentWindow(
+            f,
+            paths[f],
+            data,
+            False,
+            number=c["gpos"][a:b] & _MASK,
+            ts=c["ts"][a:b],
+            src=c["src"][a:b],
+            dst=c["dst"][a:b],
+            sport=c["sport"][a:b].astype(np.int32),
+            dport=c["dport"][a:b].astype(np.int32),
+            seq=c["seq"][a:b],
+            flags=c["flags"][a:b].astype(np.int32),
+            poff=rel,
+            plen=plen,
+            missing=c["missing"][a:b],
+            addresses=self.addresses,
+            end=int(c["poff"][b - 1] + plen[-1]),
+        )
+
+    def _end(self, paths: list[str], last: tuple[int, int]) -> SegmentWindow:
+        """The capture's last segment, with no endpoints: where a read of the whole capture ends its connections."""
+        ts, gpos = last
+        if _SENTINEL not in self.addresses:
+            self.addresses.append(_SENTINEL)
+        z = self.addresses.index(_SENTINEL)
+        f = gpos >> GPOS_SHIFT
+        one = np.ones(1, np.int64)
+        i32 = np.zeros(1, np.int32)
+        return SegmentWindow(
+            f,
+            paths[f] if f < len(paths) else "",
+            b"",
+            False,
+            number=one * (gpos & _MASK),
+            ts=one * ts,
+            src=i32 + z,
+            dst=i32 + z,
+            sport=i32,
+            dport=i32,
+            seq=one * 0,
+            flags=i32,
+            poff=one * 0,
+            plen=one * 0,
+            missing=one * 0,
+            addresses=self.addresses,
+            end=0,
+        )
 
 
 class Keyed:
-    """The records of one frames task with their numbering keys (shared by the frames and timelines stages).
+    """The rows of one frames task with their numbering keys (shared by the frames and timelines stages).
 
-    Each segment's ``file`` carries its capture position, so every run of a
-    chunk knows which packet (or the end of the capture) completed it: a
-    record's ``k1`` is that position, ``k2`` its order within it, and ``ck``
-    the position that made its connection known.  Global frame numbers follow
-    (k1, k2) order, connection ids ``ck`` order.
+    :meth:`parts` decodes the task's segments (capture order) with the
+    columnar path; each :class:`~dcpinspect.tables.columnar.TablePart` carries
+    its rows' keys.  Once it is done, ``adopted`` maps every connection of the
+    task (by its id in ``stats.connections``) to its ``ck``, ``labels`` to its label.
     """
 
     def __init__(self, batches: Iterable[pa.RecordBatch], paths: list[str], last: tuple[int, int], options: Options) -> None:
-        self.batches, self.paths, self.last, self.options = batches, paths, last, options
+        self.paths, self.last, self.options = paths, last, options
+        self.segments = TaskSegments.of(batches)
         self.stats = CaptureStats()
         self.adopted: dict[int, int] = {}
         self.labels: dict[int, str] = {}
-        self._cur = 0
-        self._seen = 0
+        self._known: dict[int, int] = {}  # connection id -> ck, every connection (from the decode)
 
-    def _sync(self) -> None:
-        conns = self.stats.connections
-        while self._seen < len(conns):
-            c = conns[self._seen]
-            self.adopted[c.id] = self._cur
-            self.labels[c.id] = c.label
-            self._seen += 1
-
-    def _segs(self) -> Iterator[Segment]:
-        payloads = Payloads()
-        paths = self.paths
-        mask = (1 << GPOS_SHIFT) - 1
-        for batch in self.batches:
-            cols = [batch.column(k).to_numpy(zero_copy_only=False).tolist() for k in SEG_INPUT]
-            cols[3] = batch.column("src").to_pylist()
-            cols[5] = batch.column("dst").to_pylist()
-            for fi, gpos, ts, src, sport, dst, dport, seq, flags, poff, plen, missing in zip(*cols, strict=True):
-                path = paths[fi]
-                payload = payloads.get(fi, path, poff, plen)
-                if self._seen < len(self.stats.connections):
-                    self._sync()
-                self._cur = gpos
-                yield Segment(ts, src, sport, dst, dport, seq, flags, payload, missing, gpos & mask, f"{path}\0{gpos}")
-        self._sync()
-        payloads.close()
-        ts, gpos = self.last
-        path = paths[gpos >> GPOS_SHIFT] if paths else ""
-        # the sentinel sets the reassembler's end of capture
-        yield Segment(ts, "0.0.0.0", 0, "0.0.0.0", 0, 0, 0, b"", 0, gpos & mask, f"{path}\0{_CLOSE}")
-        # what follows are the records held to the end: each names the file its connection was last seen in,
-        # tagged here as emitted at the end (so they number after every packet)
-        for c in self.stats.connections:
-            last_file = getattr(c, "last_file", "")
-            if last_file:
-                c.last_file = f"{last_file.rpartition(chr(0))[0]}\0{_CLOSE}"
-
-    def chunks(self) -> Iterator[tuple[RecordChunk, list[int], list[int]]]:
-        """(chunk with real file names, ``k1`` per run, ``ck`` per run) - see :class:`RecordKeys` for ``k2``."""
+    def parts(self) -> Iterator[TablePart]:
+        """The task's rows, in parts of at most ``options.rows``."""
         o = self.options
-        for chunk in iter_chunks(
-            self._segs(),
+        segs = self.segments
+        yield from decode_windows(
+            lambda _first: segs.windows(self.paths, self.last),
+            self.paths,
+            stats=self.stats,
             rows=o.rows,
             server_ports=o.server_ports,
             detect=o.detect,
             tls_ports=o.tls_ports,
-            stats=self.stats,
             reveal_secrets=o.reveal_secrets,
-        ):
-            self._sync()
-            files, k1s = [], []
-            adopted = self.adopted
-            for run, tagged in enumerate(chunk.file):
-                path, _, token = tagged.rpartition("\0")
-                files.append(path)
-                k1s.append(CLOSE_BASE + adopted[chunk.conn[run]] if token == _CLOSE else int(token))
-            chunk.file = files
-            yield chunk, k1s, [adopted[c] for c in chunk.conn]
-        self._sync()
+            json_check=o.json_check,
+            known_at=self._known,
+        )
+        self._connections()
 
-
-class RecordKeys:
-    """Per record ``k1`` (what completed it) and ``k2`` (its order among the records of that ``k1``), across chunks."""
-
-    def __init__(self) -> None:
-        self.k1, self.n = -1, 0
-
-    def keys(self, run_k1: list[int], counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``k1`` and ``k2`` of every record of a chunk (``k1`` and the record count of each run)."""
-        k1 = np.repeat(np.array(run_k1, np.int64), np.array(counts, np.int64))
-        n = len(k1)
-        if not n:
-            return k1, k1.copy()
-        change = np.empty(n, bool)
-        change[0] = True
-        np.not_equal(k1[1:], k1[:-1], out=change[1:])
-        starts = np.flatnonzero(change)
-        k2 = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
-        if k1[0] == self.k1:  # the run of the previous chunk goes on
-            k2[: starts[1] if len(starts) > 1 else n] += self.n
-        self.k1, self.n = int(k1[-1]), int(k2[-1]) + 1
-        return k1, k2
+    def _connections(self) -> None:
+        """Every connection of the task: its ``ck`` and label."""
+        for c in self.stats.connections:
+            self.adopted[c.id] = self._known[c.id]
+            self.labels[c.id] = c.label
 
 
 KEYS_DDL = "kind byte, k1 bigint, n bigint, label string, blob binary"

@@ -2,7 +2,7 @@
 
 Global frame numbers follow completion order over the whole capture, but each
 task sees only its connections.  A first pass over the same sorted segment
-metadata (reassembly and decoder, no frames table) counts the records each
+metadata (the columnar decode of :class:`~dcpinspect.spark.numbering.Keyed`) counts the records each
 capture position completed and lists the connections (see
 :mod:`~dcpinspect.spark.numbering`).  That small table, collected, numbers
 everything.  With ``build`` the same pass also builds each connection's
@@ -30,11 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..flows.records import gc_paused
-from ..tables.frames_vector import chunk_batch
 from ..tables.schema import FLOW_SCHEMA, ITEMS_SCHEMA, SPARK_SCHEMA
 from ..timeline.merge import ConnPart
 from .frametable import RENUMBER_DDL, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
-from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, Counts, Keyed, Numbering, Options, RecordKeys, keys_batch, uncount
+from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, Counts, Keyed, Numbering, Options, keys_batch, uncount
 from .session import filesystem
 from .stages import by_connection
 from .timelines import Parts
@@ -63,21 +62,20 @@ def keys_task(
     with ``items_to`` every item and flow sample likewise (``kind`` 5 and 6).
     """
     keyed = Keyed(batches, paths, last, options)
-    rk = RecordKeys()
     parts = Parts(max_items, items_to) if build else None
     out = TmpFrames(frames_to) if frames_to is not None else None
     counts = Counts()
-    for chunk, run_k1, run_ck in keyed.chunks():
-        k1, k2 = rk.keys(run_k1, chunk.counts)
-        if len(k1):
-            starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
-            yield from counts.add(k1[starts], np.diff(np.append(starts, len(k1))))
-            if out is not None:
-                ck = np.repeat(np.array(run_ck, np.int64), np.array(chunk.counts, np.int64))
-                b = spark_batch(chunk_batch(chunk))
-                out.write(pa.RecordBatch.from_arrays([*b.columns, pa.array(k1), pa.array(k2), pa.array(ck)], schema=TMP_SCHEMA))
+    for part in keyed.parts():
+        k1, k2, ck = part.keys
+        if not len(k1):
+            continue
+        starts = np.flatnonzero(np.concatenate(([True], k1[1:] != k1[:-1])))
+        yield from counts.add(k1[starts], np.diff(np.append(starts, len(k1))))
+        if out is not None:
+            b = spark_batch(part.batch)
+            out.write(pa.RecordBatch.from_arrays([*b.columns, pa.array(k1), pa.array(k2), pa.array(ck)], schema=TMP_SCHEMA))
         if parts is not None:
-            parts.feed(chunk, k1, k2, run_ck)
+            parts.feed(part, k1, k2, ck)
     if out is not None:
         out.close()
     yield from counts.flush()

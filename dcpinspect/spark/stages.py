@@ -1,10 +1,11 @@
 """Stages 1 and 2 on Spark: captures -> record-aligned byte ranges -> TCP segment metadata; per-file status; the shuffle by connection.
 
-The capture format is the core's business (:func:`~dcpinspect.capture.pcapfile.split_ranges`,
-:func:`~dcpinspect.capture.pcapfile.read_range`,
+The capture format is the core's business (:func:`~dcpinspect.capture.pcapfile.split_ranges`;
+each range's packets parsed with arrays by :func:`~dcpinspect.tables.packets_vector.range_window`,
+which equals :func:`~dcpinspect.capture.pcapfile.read_range` and
 :func:`~dcpinspect.capture.packets.locate_segment`); this module opens the
 files through ``pyarrow.fs`` (so cluster storage works the same) and moves
-rows.
+rows, built from those arrays without a Python object per packet.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..capture.packets import locate_segment
 from ..capture.pcapfile import CaptureError, CaptureRange, CaptureReader, read_range, split_ranges, time_problem
 from ..flows.records import gc_paused
+from ..tables.packets_vector import SegmentWindow, range_window
 from .session import filesystem
 
 __all__ = [
@@ -128,12 +131,20 @@ SEG_DDL = (
 
 
 def range_segments(file_index: int, path: str, range_index: int, start: int, end: int, first_packet: int, prefix: bytes) -> pa.RecordBatch:
-    """Stage 2 for one range: segment metadata rows, one summary row per connection and one status row."""
-    cols: dict[str, list[Any]] = {name: [] for name, _ in _SEG_FIELDS}
-    reader = CaptureReader(path)
-    reader.packets = first_packet - 1
+    """Stage 2 for one range: segment metadata rows, one summary row per connection and one status row.
+
+    The range's bytes are read at once and parsed with arrays
+    (:func:`~dcpinspect.tables.packets_vector.range_window`); a range whose
+    read stops on an error midway (a corrupt pcapng section header) is read
+    again packet by packet, so the segments before the error are kept as
+    :func:`~dcpinspect.capture.pcapfile.read_range` keeps them.
+    """
+    rng = CaptureRange(start, end, first_packet, prefix)
     skipped: Counter[str] = Counter()
     error = None
+    seg: dict[str, np.ndarray] | None = None
+    reader = CaptureReader(path)
+    reader.packets = first_packet - 1
     fs, p = filesystem(path)
     try:
         f = fs.open_input_file(p)
@@ -142,30 +153,76 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
         error = str(CaptureError(path, 0, f"cannot open: {reason}"))
     else:
         with f:
-            error = _read_segments(cols, reader, f, CaptureRange(start, end, first_packet, prefix), file_index << GPOS_SHIFT, skipped)
-    n = len(cols["gpos"])
-    for name in ("kind", "file_index", "path", "range_index", "format", "error", "problems", "packets", "linktypes", "skipped"):
-        cols[name] += [None] * n
-    cols["kind"][:n] = [0] * n
-    cols["file_index"][:n] = [file_index] * n
-    rows = _summaries(cols, file_index, range_index)
-    rows.append(_range_status(reader, skipped, error, file_index, path, range_index, first_packet))
-    for row in rows:
-        for name, _ in _SEG_FIELDS:
-            cols[name].append(row.get(name))
-    return pa.RecordBatch.from_pydict(cols, schema=SEG_SCHEMA)
+            data = f.read_at(end - start, start) if end > start else b""
+            try:
+                w, reader = range_window(path, file_index, data, rng, skipped)
+                seg = _window_rows(w, file_index << GPOS_SHIFT)
+            except CaptureError:
+                skipped.clear()
+                reader = CaptureReader(path)
+                reader.packets = first_packet - 1
+                seg, error = _slow_rows(reader, f, rng, file_index << GPOS_SHIFT, skipped)
+    if seg is None:
+        seg = {k: np.zeros(0, np.int64) for k in _SEG_ARRAYS} | {
+            "ckey": np.zeros(0, object),
+            "src": np.zeros(0, object),
+            "dst": np.zeros(0, object),
+        }
+    n = len(seg["gpos"])
+    parts = [
+        _rows_batch(n, kind=np.zeros(n, np.int8), file_index=np.full(n, file_index, np.int32), **seg),
+        _summaries(seg, file_index, range_index),
+        _rows_batch(1, **{k: [v] for k, v in _range_status(reader, skipped, error, file_index, path, range_index, first_packet).items()}),
+    ]
+    return pa.Table.from_batches(parts, schema=SEG_SCHEMA).combine_chunks().to_batches()[0]
 
 
-def _read_segments(
-    cols: dict[str, list[Any]], reader: CaptureReader, f: Any, rng: CaptureRange, base: int, skipped: Counter[str]
-) -> str | None:
-    """The TCP segments of one range as rows (``kind`` 0) of ``cols``; the error that ended the read, if any."""
-    path = reader.path
-    c_ts, c_src, c_sport, c_dst, c_dport, c_seq, c_flags, c_missing = (
-        cols[k] for k in ("ts", "src", "sport", "dst", "dport", "seq", "flags", "missing")
+_SEG_ARRAYS = ("gpos", "ts", "sport", "dport", "seq", "flags", "poff", "plen", "missing")
+
+
+def _rows_batch(n: int, **cols: Any) -> pa.RecordBatch:
+    """``n`` rows of :data:`SEG_SCHEMA`: the columns given, nulls in the others."""
+    return pa.RecordBatch.from_arrays(
+        [pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in SEG_SCHEMA], schema=SEG_SCHEMA
     )
-    gpos, ckey, poff, plen = cols["gpos"], cols["ckey"], cols["poff"], cols["plen"]
+
+
+def _window_rows(w: SegmentWindow, base: int) -> dict[str, Any]:
+    """A range's segments as columns (``kind`` 0 rows): endpoints as text, the connection key of each 4-tuple made once."""
+    n = len(w.number)
+    addrs = pa.array(w.addresses, pa.string())
+    a = (w.src.astype(np.int64) << 16) | w.sport
+    b = (w.dst.astype(np.int64) << 16) | w.dport
+    four = np.empty(n, dtype=[("a", "i8"), ("b", "i8")])
+    four["a"], four["b"] = a, b
+    uniq, inv = np.unique(four, return_inverse=True)
+    keys = []
+    for ua, ub in zip(uniq["a"].tolist(), uniq["b"].tolist(), strict=True):
+        x, y = (w.addresses[ua >> 16], ua & 0xFFFF), (w.addresses[ub >> 16], ub & 0xFFFF)
+        lo, hi = (x, y) if x <= y else (y, x)
+        keys.append(f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}")
+    return {
+        "gpos": base | w.number,
+        "ckey": pa.array(keys, pa.string()).take(pa.array(inv.reshape(-1))),
+        "ts": w.ts,
+        "src": addrs.take(pa.array(w.src)),
+        "sport": w.sport,
+        "dst": addrs.take(pa.array(w.dst)),
+        "dport": w.dport,
+        "seq": w.seq,
+        "flags": w.flags,
+        "poff": w.poff,
+        "plen": w.plen.astype(np.int32),
+        "missing": w.missing,
+    }
+
+
+def _slow_rows(reader: CaptureReader, f: Any, rng: CaptureRange, base: int, skipped: Counter[str]) -> tuple[dict[str, Any], str | None]:
+    """The TCP segments of one range packet by packet (a range whose read stops on an error); the error."""
+    path = reader.path
+    rows: list[tuple[Any, ...]] = []
     keys: dict[tuple[str, int, str, int], str] = {}
+    error = None
     try:
         for pkt in read_range(reader, f, rng):
             found = locate_segment(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, path, skipped)
@@ -175,41 +232,41 @@ def _read_segments(
             four = (seg.src, seg.sport, seg.dst, seg.dport)
             ck = keys.get(four)
             if ck is None:
-                a, b = (seg.src, seg.sport), (seg.dst, seg.dport)
-                lo, hi = (a, b) if a <= b else (b, a)
+                x, y = (seg.src, seg.sport), (seg.dst, seg.dport)
+                lo, hi = (x, y) if x <= y else (y, x)
                 ck = keys[four] = f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}"
-            gpos.append(base | pkt.number)
-            ckey.append(ck)
-            poff.append(pkt.data_offset + at)
-            plen.append(len(seg.payload))
-            c_ts.append(seg.ts)
-            c_src.append(seg.src)
-            c_sport.append(seg.sport)
-            c_dst.append(seg.dst)
-            c_dport.append(seg.dport)
-            c_seq.append(seg.seq)
-            c_flags.append(seg.flags)
-            c_missing.append(seg.missing)
+            rows.append((base | pkt.number, ck, seg.ts, seg.src, seg.sport, seg.dst, seg.dport, seg.seq, seg.flags))
+            rows[-1] += (pkt.data_offset + at, len(seg.payload), seg.missing)
     except CaptureError as exc:
-        return str(exc)
-    return None
+        error = str(exc)
+    names = ("gpos", "ckey", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")
+    cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in names]
+    out: dict[str, Any] = dict(zip(names, cols, strict=True))
+    for k in _SEG_ARRAYS:
+        out[k] = np.array(out[k], np.int32 if k == "plen" else np.int64)
+    return out, error
 
 
-def _summaries(cols: dict[str, list[Any]], file_index: int, range_index: int) -> list[dict[str, Any]]:
-    """One row per connection (``kind`` 2): its weight in this range and where it was last seen (for :func:`by_connection`)."""
-    seen: dict[str, list[int]] = {}
-    for ck, g, t, pl in zip(cols["ckey"], cols["gpos"], cols["ts"], cols["plen"], strict=True):
-        e = seen.get(ck)
-        if e is None:
-            seen[ck] = [pl + 64, 1, g, t]
-        else:
-            e[0] += pl + 64
-            e[1] += 1
-            e[2], e[3] = g, t
-    return [
-        {"kind": 2, "file_index": file_index, "range_index": range_index, "ckey": ck, "missing": w, "packets": k, "gpos": g, "ts": t}
-        for ck, (w, k, g, t) in seen.items()
-    ]
+def _summaries(seg: dict[str, Any], file_index: int, range_index: int) -> pa.RecordBatch:
+    """One row per connection (``kind`` 2), in order of first sight: its weight in this range and where it was last seen (for :func:`by_connection`)."""
+    ck = seg["ckey"] if isinstance(seg["ckey"], pa.Array) else pa.array(seg["ckey"], pa.string())
+    enc = ck.dictionary_encode()
+    code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64) if len(ck) else np.zeros(0, np.int64)
+    m = len(enc.dictionary)
+    weight = np.bincount(code, weights=seg["plen"].astype(np.int64) + 64, minlength=m).astype(np.int64)
+    count = np.bincount(code, minlength=m).astype(np.int64)
+    last = len(code) - 1 - np.unique(code[::-1], return_index=True)[1]  # each connection's last segment
+    return _rows_batch(
+        m,
+        kind=np.full(m, 2, np.int8),
+        file_index=np.full(m, file_index, np.int32),
+        range_index=np.full(m, range_index, np.int32),
+        ckey=enc.dictionary,
+        missing=weight,
+        packets=count,
+        gpos=np.asarray(seg["gpos"], np.int64)[last],
+        ts=np.asarray(seg["ts"], np.int64)[last],
+    )
 
 
 def _range_status(

@@ -24,13 +24,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from ..flows.records import Record, RecordChunk
+from ..flows.reassembly import TS_UNKNOWN
+from ..flows.records import Record
 from ..protocol import spec
 from ..protocol.enums import Opcode
 from ..protocol.session import EXPECTS_RESPONSE
 from ..protocol.session import REQUEST_MAGICS as _REQUESTS
 from ..protocol.session import RESPONSE_MAGICS as _CLIENT_RESPONSES  # responses to a client's requests
+from ..tables.columnar import TablePart
 from ..timeline import Item, Timeline, TimelineBuilder
 from ..timeline.merge import ConnPart, SeqnoRises, record_tuple, thin
 from ..timeline.merge import merge_timelines as merge_parts
@@ -125,57 +129,63 @@ class Parts:
         self.out = ItemsOut(items_to) if items_to is not None else None
         self.conns: dict[int, _Conn] = {}
 
-    def feed(self, chunk: RecordChunk, k1: np.ndarray, k2: np.ndarray, run_ck: list[int]) -> None:
-        """Feed a chunk's records (keys ``k1``, ``k2``; connection ``ck`` per run) to their connections' builders."""
+    def feed(self, part: TablePart, k1: np.ndarray, k2: np.ndarray, ck: np.ndarray) -> None:
+        """Feed a part's rows (keys ``k1``, ``k2``; connection ``ck`` of each) to their connections' builders, as records numbered by key."""
         keys = (
             ((k1 << KSHIFT) | k2).tolist()
             if len(k1) and int(k1.max()) < 1 << (63 - KSHIFT)
             else [a << KSHIFT | b for a, b in zip(k1.tolist(), k2.tolist(), strict=True)]
         )
-        events, contexts, heads = chunk.events, chunk.context, chunk.heads
-        i = 0
-        for run, n in enumerate(chunk.counts):
-            ck = run_ck[run]
-            conn = self.conns.get(ck)
-            if conn is None:
-                conn = self.conns[ck] = _Conn(ck, keys[i], self.max_items, self.out)
-            bl = conn.builder
-            streams, born, raised, control, markers = bl.streams, conn.born, conn.raised, conn.control, conn.markers
-            feed = bl.feed
-            f, label, d, ts, packet = chunk.file[run], chunk.labels[chunk.conn[run]], chunk.direction[run], chunk.ts[run], chunk.packet[run]
-            na = bl.anomaly_count
-            for j in range(i, i + n):
-                key = keys[j]
-                tf, tl, pf, pl = heads.get(j, (ts, ts, packet, packet)) if heads else (ts, ts, packet, packet)
-                ev = events[j]
-                rec = Record(key, f, ck, label, d, tl, tf, pl, pf, ev, contexts[j])
-                ns = len(streams)
-                feed(rec)
-                if len(streams) != ns:
-                    born.append(key)
-                m = bl.anomaly_count
-                if m != na:
-                    raised.extend([key] * (m - na))
-                    na = m
-                if ev.__class__ is Frame and ev[2] == "mcbp":
-                    raw = ev[1]
-                    magic, op = raw[0], raw[1]
-                    if magic in _CLIENT_RESPONSES:
+        cks = ck.tolist()
+        conns = self.conns
+        cur = -1
+        for rec in _records(part, keys, cks):
+            c = rec[2]
+            if c != cur:  # the rows of a part interleave their connections: look up once per run
+                conn = conns.get(c)
+                if conn is None:
+                    conn = conns[c] = _Conn(c, rec[0], self.max_items, self.out)
+                bl = conn.builder
+                streams, born, raised, control, markers = bl.streams, conn.born, conn.raised, conn.control, conn.markers
+                feed = bl.feed
+                na = bl.anomaly_count
+                cur = c
+            key = rec[0]
+            ns = len(streams)
+            feed(rec)
+            if len(streams) != ns:
+                born.append(key)
+            m = bl.anomaly_count
+            if m != na:
+                raised.extend([key] * (m - na))
+                na = m
+            ev = rec[9]
+            if ev.__class__ is Frame and ev[2] == "mcbp":
+                raw = ev[1]
+                magic, op = raw[0], raw[1]
+                if magic in _CLIENT_RESPONSES:
+                    control.append(rec)
+                elif magic in _REQUESTS:
+                    if op in EXPECTS_RESPONSE:
                         control.append(rec)
-                    elif magic in _REQUESTS:
-                        if op in EXPECTS_RESPONSE:
-                            control.append(rec)
-                        elif op == _SNAPSHOT_MARKER and raw[4] != _MARKER_V1_EXTRAS:  # a v2 marker: may carry the purge seqno
-                            markers[key] = rec
-            i += n
+                    elif op == _SNAPSHOT_MARKER and raw[4] != _MARKER_V1_EXTRAS:  # a v2 marker: may carry the purge seqno
+                        markers[key] = rec
         if self.max_items is not None:
-            for ck in set(run_ck):
-                self.conns[ck].flush()
+            for c in set(cks):
+                conns[c].flush()
 
     def parts(self, max_items: int | None) -> Iterator[tuple[int, bytes]]:
         """Each connection's :class:`ConnPart`, pickled (``ck``, bytes)."""
         for ck, conn in self.conns.items():
             yield ck, pickle.dumps(conn.part(max_items), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _records(part: TablePart, keys: list[int], cks: list[int]) -> Iterator[Record]:
+    """A part's rows as records numbered by their keys, their connection by its ``ck`` (what :meth:`TablePart.records` gives, renumbered)."""
+    b = part.batch
+    file, label, d, packet, packet_first = (b.column(k).to_pylist() for k in ("file", "conn", "dir", "packet", "packet_first"))
+    ts, ts_first = (pc.cast(b.column(k), pa.int64()).fill_null(TS_UNKNOWN).to_numpy().tolist() for k in ("ts", "ts_first"))
+    return map(Record, keys, file, cks, label, d, ts, ts_first, packet, packet_first, part.events(), part.contexts())
 
 
 def merge_timelines(parts: list[ConnPart], frames_of: Callable[[list[int]], list[int]] | None = None) -> tuple[Timeline, dict[int, int]]:

@@ -785,7 +785,9 @@ class _Decode:
         n = len(kind)
         for a in range(0, n, self.rows):
             b = min(n, a + self.rows)
-            yield TablePart(self._batch(t, a, b), t, a, b)
+            first = self.number + 1
+            self.number += b - a
+            yield TablePart(t, a, b, self.paths, first, self._batch)
 
     def _table(self, kind: np.ndarray, ref: np.ndarray, rows: _Rows) -> _Table:
         """Every row's record columns, bytes and context as arrays (walked frames at once; events and records one by one)."""
@@ -890,11 +892,9 @@ class _Decode:
             after = np.array([base[g]] + [c for _p, c in ch], np.int64)
             t.ctx[mine] = after[np.searchsorted(pos, mine, "left")]
 
-    def _batch(self, t: _Table, a: int, b: int) -> pa.RecordBatch:
-        """Rows ``a:b`` of the window as a record batch (numbered on)."""
+    def _batch(self, t: _Table, a: int, b: int, first_number: int) -> pa.RecordBatch:
+        """Rows ``a:b`` of the window as a record batch, numbered from ``first_number``."""
         n = b - a
-        first_number = self.number + 1
-        self.number += n
         is_frame = t.is_frame[a:b]
         fr = np.flatnonzero(is_frame)
 
@@ -1098,18 +1098,37 @@ class _Table:
         return ev if ev is not None else self.frame(i)
 
 
-_DIRS = pa.array(["c2s", "s2c"], pa.string())
+_DIRS = pa.array(np.array(["c2s", "s2c"], object), pa.string())
+_tnew = tuple.__new__
+_DIR_NAMES = ("c2s", "s2c")
 _SESSION_OPS = np.array(sorted(SESSION_OPS), np.uint8)
 
 
 @dataclass
 class TablePart:
-    """Rows of the frames table and what made them: each row's event, bytes and dissection context, and its record."""
+    """Rows of the frames table and what made them: each row's event, bytes and dissection context, and its record.
 
-    batch: pa.RecordBatch
+    The Arrow batch is built when first asked for: a reader of records only
+    (the timeline) never pays for the columns.
+    """
+
     _t: _Table
     _a: int
     _b: int
+    _paths: list[str]
+    first: int  # the frame number of the first row
+    _make: Callable[[_Table, int, int, int], pa.RecordBatch]
+    _batch: pa.RecordBatch | None = None
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        """The rows as a record batch of the frames table."""
+        if self._batch is None:
+            self._batch = self._make(self._t, self._a, self._b, self.first)
+        return self._batch
+
+    def __len__(self) -> int:
+        return self._b - self._a
 
     @property
     def keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1127,7 +1146,13 @@ class TablePart:
 
     def events(self) -> list[Event]:
         """Each row's event (frames are rebuilt from the window's bytes)."""
-        return [self._t.event(i) for i in range(self._a, self._b)]
+        t, a, b = self._t, self._a, self._b
+        joined, other = t.joined, t.events
+        spans = zip(t.start[a:b].tolist(), t.length[a:b].tolist(), t.offset[a:b].tolist(), strict=True)
+        return [
+            other[i] if i in other else _tnew(Frame, (off, joined[s : s + n], "mcbp"))  # the decoder's own way to make one
+            for i, (s, n, off) in enumerate(spans, a)
+        ]
 
     def contexts(self) -> list[DissectContext]:
         """The context each row was dissected with."""
@@ -1137,12 +1162,26 @@ class TablePart:
     def records(self) -> Iterator[Record]:
         """The rows as :class:`~dcpinspect.flows.records.Record` objects (what the timeline and the live tools take)."""
         t, a, b = self._t, self._a, self._b
-        cols = [self.batch.column(k).to_pylist() for k in ("frame", "file", "conn_id", "conn", "dir", "packet", "packet_first")]
-        times = zip(t.ts[a:b].tolist(), t.ts_first[a:b].tolist(), strict=True)
-        for i, ((number, file, conn, label, d, packet, packet_first), (ts, ts_first), ctx) in enumerate(
-            zip(zip(*cols, strict=True), times, t.ctx[a:b].tolist(), strict=True)
+        first = self.first
+        paths = self._paths
+        labels = t.labels.to_pylist()
+        files = [paths[f] for f in t.file[a:b].tolist()]
+        dirs = [_DIR_NAMES[d] for d in t.dir[a:b].tolist()]
+        contexts = t.contexts
+        for number, file, conn, d, ts, ts_first, packet, packet_first, ctx, ev in zip(
+            range(first, first + b - a),
+            files,
+            t.gid[a:b].tolist(),
+            dirs,
+            t.ts[a:b].tolist(),
+            t.ts_first[a:b].tolist(),
+            t.packet[a:b].tolist(),
+            t.packet_first[a:b].tolist(),
+            t.ctx[a:b].tolist(),
+            self.events(),
+            strict=True,
         ):
-            yield Record(number, file, conn, label, d, ts, ts_first, packet, packet_first, t.event(a + i), t.contexts[ctx])
+            yield Record(number, file, conn, labels[conn], d, ts, ts_first, packet, packet_first, ev, contexts[ctx])
 
 
 def read_parts(
@@ -1169,7 +1208,7 @@ def read_parts(
     """
     import os
 
-    from .packets_vector import segment_windows
+    from .packets_vector import forget_pages, segment_windows
 
     paths = [str(p) for p in paths]
     st = stats if stats is not None else CaptureStats()
@@ -1191,7 +1230,12 @@ def read_parts(
                 yield w
         elif cache is not None:
             done, cache = cache, None
-            yield from done
+            dropped, path = 0, None
+            for w in done:
+                if w.path != path:
+                    dropped, path = 0, w.path
+                yield w
+                dropped = forget_pages(w.data, dropped, w.end)  # the pages behind it, as the first pass did
         else:
             yield from segment_windows(paths, CaptureStats(), window=window, progress=progress if size > _CACHE_BYTES else None)
 
@@ -1221,6 +1265,7 @@ def decode_windows(
     max_body: int = DEFAULT_MAX_BODY,
     reveal_secrets: bool = False,
     json_check: bool = True,
+    known_at: dict[int, int] | None = None,
 ) -> Iterator[TablePart]:
     """The frames table of the TCP segments ``windows(first)`` gives (twice: ``first`` is True for the proof's pass).
 
@@ -1228,7 +1273,8 @@ def decode_windows(
     (:func:`~dcpinspect.tables.packets_vector.segment_windows`), or the
     connections one Spark task reads - in capture order; ``paths`` are the
     files their ``file_index`` names.  :attr:`TablePart.keys` number the rows
-    as a read of the whole capture would.
+    as a read of the whole capture would; at the end, ``known_at`` (if given)
+    holds every connection's ``ck`` by id, those without rows too.
     """
     ports = frozenset(server_ports)
     tls = frozenset(tls_ports)
@@ -1252,6 +1298,8 @@ def decode_windows(
         for w in windows(False):
             yield from dec.window(w)
         yield from dec.close()
+        if known_at is not None:
+            known_at.update(dec.known_at)
 
     return gc_paused(made())
 

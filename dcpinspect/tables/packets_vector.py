@@ -76,7 +76,7 @@ from ..capture.pcapfile import (
 )
 from ..flows.records import CaptureStats
 
-__all__ = ["SegmentWindow", "range_window", "segment_windows"]
+__all__ = ["SegmentWindow", "forget_pages", "range_window", "segment_windows"]
 
 _EPB_MIN = 32  # block header, 20 bytes of packet fields, trailing length
 # link and network layers, as capture.packets reads them
@@ -787,20 +787,20 @@ def segment_windows(
                     if progress is not None:
                         progress(path, walk.pos)
                     yield _window(file_index, path, data, True, cols, names, walk.pos)
-                    dropped = _forget(data, dropped, walk.pos)
+                    dropped = forget_pages(data, dropped, walk.pos)
         except CaptureError as exc:
             info["error"] = str(exc)
         _info(reader, info)
 
 
-def _forget(data: mmap.mmap, start: int, end: int) -> int:
+def forget_pages(data: Any, start: int, end: int) -> int:
     """Let the kernel drop the mapped pages of ``[start, end)`` the caller is done with (file-backed: read again if touched).
 
     Without it every page read stays in the process's resident set, so the
     peak RSS would grow with the capture; the data itself is unchanged.
     """
     end -= end % mmap.PAGESIZE
-    if end > start and hasattr(mmap, "MADV_DONTNEED"):
+    if end > start and isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
         data.madvise(mmap.MADV_DONTNEED, start, end - start)
         return end
     return start
