@@ -831,7 +831,7 @@ class _Decode:
             else:
                 rec = rows.records[r]
                 ev = rec.event
-                gid = self.exact_gid[rec.conn]
+                gid = self.exact_gid.get(rec.conn, 0)  # 0: a connection the reassembler never adopted (its rows say 0 there too)
                 self.labels[gid] = rec.conn_label
                 t.gid[i], t.dir[i], t.file[i] = gid, rec.direction == "s2c", self.file_index[rec.file]
                 t.ts[i], t.ts_first[i], t.packet[i], t.packet_first[i] = rec.ts, rec.ts_first, rec.packet, rec.packet_first
@@ -949,7 +949,7 @@ class _Decode:
         ref: list[int] = []
         for r in recs:
             rows.records.append(r)
-            k1.append(CLOSE_BASE + self.known_at[self.exact_gid[r.conn]])
+            k1.append(CLOSE_BASE + self.known_at.get(self.exact_gid.get(r.conn, 0), 0))
             kind.append(2)
             ref.append(len(rows.records) - 1)
         for c in self.conns.values():
@@ -986,6 +986,8 @@ class _Decode:
         if not st.skipped["not memcached-binary TCP"]:
             del st.skipped["not memcached-binary TCP"]
         exact_states = self.exact.stats.states
+        if 0 in exact_states:  # a connection the reassembler never adopted, yet which emitted rows
+            st.states[0] = exact_states[0]
         for c in self.exact.reassembler.connections:
             gid = self.exact_gid[c.id]
             if c.id in exact_states:

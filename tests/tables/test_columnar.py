@@ -231,3 +231,22 @@ def test_cli_no_json_check(tmp_path: Path) -> None:
         out = tmp_path / "f.parquet"
         assert main(["frames", "--no-progress", *flags, "--parquet", str(out), path], out=io.StringIO(), stdin=io.StringIO("")) == 0
         assert pq.read_table(out).column("json_check").to_pylist() == expected
+
+
+@pytest.mark.parametrize("detect", [False, True])
+def test_port_reuse_on_an_unknown_port(tmp_path: Path, detect: bool) -> None:
+    """A 4-tuple first seen mid-connection on an unknown port, then opened again by a SYN: the exact path's rows, as they are.
+
+    Without detection the reassembler never adopts that second connection and
+    still emits its rows, under connection id 0; the columnar path says the same.
+    """
+    m = encode("DCP_MUTATION", extras={"by_seqno": 1, "rev_seqno": 1}, key="k0", value=b'{"a": 1}', datatype=int(Datatype.JSON))
+    a, b = ("10.0.0.1", 50000), ("10.0.1.1", 40000)
+    conns = [
+        Conn(client=a, server=b, msgs=[Msg("c2s", m)], handshake=False),
+        Conn(client=("10.0.0.2", 50001), server=("10.0.1.1", 11210), msgs=[], handshake=False),
+        Conn(client=a, server=b, msgs=[Msg("c2s", m)], isn_c=777, isn_s=888),
+    ]
+    write_capture(tmp_path / "r.pcap", conns, mss=100)
+    got = assert_same_read([str(tmp_path / "r.pcap")], detect=detect, rows=3)
+    assert got.column("conn_id").to_pylist() == ([1, 1] if detect else [0, 0])
