@@ -57,7 +57,6 @@ Rules:
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -82,7 +81,7 @@ from ..flows.records import CaptureStats, Record, Recorder, gc_paused
 from ..flows.session import Sessions
 from ..protocol import spec
 from ..protocol.session import SESSION_OPS
-from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder
+from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, walk_frames
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame
 from .columns import FrameColumns
@@ -102,60 +101,13 @@ _CACHE_BYTES = 256 << 20  # captures up to this size are parsed once (their pack
 _CACHE_SEGMENTS = 1 << 21  # ... unless they hold more segments than this
 
 
-# --------------------------------------------------------------------------- the frame walk
-
-
-def _lengths_struct() -> struct.Struct:
-    """magic, key length field, extras length, body length: the header fields framing needs, at the table's offsets."""
-    fmt = spec.HEADER.format.lstrip(">")
-    keep = {0: "B", 2: "H", 3: "B", 6: "I"}  # magic, keylen, extlen, bodylen (spec.HEADER's order)
-    return struct.Struct(">" + "".join(keep.get(i, "x" * struct.calcsize(">" + ch)) for i, ch in enumerate(fmt)))
-
-
-_LENGTHS = _lengths_struct()
-_ALT = spec.ALT_MAGICS
-_CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _HS = spec.HEADER_SIZE
 
 
 def frame_walk(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
-    """Frames back to back from ``buf[0]``: (their starts, where the walk stopped, whether it stopped at an implausible header).
-
-    A frame is accepted exactly when the decoder's aligned loop accepts it (a
-    known magic, its sections within its body, the body within ``max_body``).
-    Stopping short of the end without an implausible header means the rest
-    is the start of a frame not yet complete.  One precompiled ``struct``
-    per header: the only per-frame Python (about 3 million frames/s; a
-    vectorised walk - candidates at every magic byte, chained by pointer
-    doubling - measured slower, its cost growing with the bytes, not the
-    frames).
-    """
-    unpack = _LENGTHS.unpack_from
-    classic, alt = _CLASSIC, _ALT
-    starts: list[int] = []
-    app = starts.append
-    pos = 0
-    n = len(buf)
-    bad = False
-    while pos + _HS <= n:
-        m, kl, el, body = unpack(buf, pos)
-        if m in classic:
-            if not kl + el <= body <= max_body:
-                bad = True
-                break
-        elif m in alt:
-            if not (kl >> 8) + (kl & 0xFF) + el <= body <= max_body:
-                bad = True
-                break
-        else:
-            bad = True
-            break
-        end = pos + _HS + body
-        if end > n:
-            break
-        app(pos)
-        pos = end
-    return np.array(starts, np.int64), pos, bad
+    """:func:`~dcpinspect.wire.decoder.walk_frames` with the starts as an array."""
+    starts, stop, implausible = walk_frames(buf, max_body)
+    return np.array(starts, np.int64), stop, implausible
 
 
 # --------------------------------------------------------------------------- tuples
@@ -215,6 +167,8 @@ class _Proof:
     rst: _Grow = field(default_factory=lambda: _Grow(bool))  # per tuple: reset
     known: _Grow = field(default_factory=lambda: _Grow(bool))  # per tuple: its SYN went to a server port
     adopt: _Grow = field(default_factory=lambda: _Grow(np.int64, -1))  # per tuple: the position of the packet that made it known
+    _addresses: list[str] = field(default_factory=list, repr=False)
+    _index_of: dict[str, int] = field(default_factory=dict, repr=False)
 
     def window(self, w: SegmentWindow) -> None:
         """Take one window's segments."""
@@ -245,6 +199,15 @@ class _Proof:
         self._check(w, tid, d, after_rst)
         self._sniff(w, tid, gpos)
 
+    def _where(self, addresses: list[str]) -> dict[str, int]:
+        """Address -> its index in ``addresses`` (a list that only grows, shared by the windows of one read)."""
+        if addresses is not self._addresses:
+            self._addresses, self._index_of = addresses, {}
+        where = self._index_of
+        for i in range(len(where), len(addresses)):
+            where[addresses[i]] = i
+        return where
+
     def _resets(self, w: SegmentWindow, tid: np.ndarray) -> np.ndarray:
         """Segments after their connection's first RST (the RST itself included when it carries nothing)."""
         rst = (w.flags & RST) != 0
@@ -268,7 +231,7 @@ class _Proof:
 
     def _directions(self, w: SegmentWindow, tid: np.ndarray) -> np.ndarray:
         """Each segment's direction: 0 from the client, 1 from the server."""
-        where = {s: i for i, s in enumerate(w.addresses)}
+        where = self._where(w.addresses)
         active = np.unique(tid)
         code = np.full(len(self.index), -1, np.int64)
         for t in active.tolist():
@@ -459,7 +422,6 @@ class _Decode:
         self.next_gid = 1
         self.number = 0
         self.last: tuple[int, int, str] | None = None  # (ts, number, path) of the capture's last segment
-        self.where: dict[str, int] = {}
         self.pending: dict[int, _Conn] = {}  # simple connections not yet known (waiting for their first payload)
         self._k2: dict[int, int] = {}  # a packet's position -> the next k2 of the rows it emitted (this window)
         self.labels: dict[int, str] = {}  # connection id -> label
@@ -587,9 +549,7 @@ class _Decode:
                     c.conn.closed = True
 
     def _client_mask(self, w: SegmentWindow, idx: np.ndarray, t: np.ndarray) -> np.ndarray:
-        where = self.where
-        for i in range(len(where), len(w.addresses)):
-            where[w.addresses[i]] = i
+        where = self.proof._where(w.addresses)
         ut = np.unique(t)
         code = {}
         for tt in ut.tolist():

@@ -70,6 +70,7 @@ __all__ = [
     "decode",
     "iter_decode",
     "plausible_header",
+    "walk_frames",
 ]
 
 #: 20 MiB document + 1 MiB xattrs + key/extras/framing headroom.
@@ -182,6 +183,40 @@ def plausible_header(data: bytes, *, max_body: int = DEFAULT_MAX_BODY, strict: b
     if len(data) < spec.HEADER_SIZE:
         return False
     return _implausible_mcbp(spec.HEADER.unpack_from(data, 0), max_body, strict) is None
+
+
+def walk_frames(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[list[int], int, bool]:
+    """The mcbp frames back to back from ``buf[0]``, as the aligned loop of :class:`FrameDecoder` frames them.
+
+    Returns (the frames' starts, where the walk stopped, whether it stopped at
+    an implausible header); stopping short of the end otherwise means the rest
+    starts a frame not yet complete.  It makes no events: the columnar table
+    reads the frames from the buffer itself, and hands a stream to a
+    :class:`FrameDecoder` (fresh, aligned: the same state) from the first
+    header this walk does not accept.  One precompiled ``struct`` per header.
+    """
+    unpack = _LENGTHS.unpack_from
+    classic, alt = _CLASSIC, _ALT
+    starts: list[int] = []
+    app = starts.append
+    pos = 0
+    n = len(buf)
+    while pos + 24 <= n:
+        m, kl, el, body = unpack(buf, pos)
+        if m in classic:
+            ok = kl + el <= body <= max_body
+        elif m in alt:
+            ok = (kl >> 8) + (kl & 0xFF) + el <= body <= max_body
+        else:
+            ok = False
+        if not ok:
+            return starts, pos, True
+        end = pos + 24 + body
+        if end > n:
+            break
+        app(pos)
+        pos = end
+    return starts, pos, False
 
 
 class FrameDecoder:
