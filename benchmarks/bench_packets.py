@@ -1,6 +1,6 @@
 """segment_windows vs capture_segments: packets/s on one generated capture (CPU time, best of N).
 
-    python benchmarks/bench_packets.py [--frames 1000000] [--mss 1448] [--repeat 3] [--pcapng]
+python benchmarks/bench_packets.py [--frames 1000000] [--mss 1448] [--repeat 3] [--pcapng]
 """
 
 from __future__ import annotations
