@@ -56,6 +56,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "read_records": ("capture.read", "read_records"),
     "CaptureStats": ("flows.records", "CaptureStats"),
     "build_timeline": ("timeline", "build_timeline"),
+    "read_timeline": ("tables.timeline_feed", "read_timeline"),
     "TimelineBuilder": ("timeline", "TimelineBuilder"),
     "rollback_decision": ("protocol.rules", "rollback_decision"),
     "frames_table": ("tables.export", "frames_table"),

@@ -169,14 +169,12 @@ def _show(args: argparse.Namespace, console: Console) -> int:
 
 def _timeline(args: argparse.Namespace, console: Console) -> int:
     from ..tables.timeline import story
+    from ..tables.timeline_feed import feed_parts
     from ..timeline import TimelineBuilder
 
     out = console.out
     stats = CaptureStats()
-    builder = TimelineBuilder()
-    for rec in _read(args, stats):
-        builder.feed(rec)
-    t = builder.timeline()
+    t = feed_parts(_parts(args, stats), TimelineBuilder()).timeline()
     bad = _report_files(stats)
     if args.json:
         for s in t.streams:

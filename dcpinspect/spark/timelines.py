@@ -24,10 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..flows.reassembly import TS_UNKNOWN
 from ..flows.records import Record
 from ..protocol import spec
 from ..protocol.enums import Opcode
@@ -35,6 +32,7 @@ from ..protocol.session import EXPECTS_RESPONSE
 from ..protocol.session import REQUEST_MAGICS as _REQUESTS
 from ..protocol.session import RESPONSE_MAGICS as _CLIENT_RESPONSES  # responses to a client's requests
 from ..tables.columnar import TablePart
+from ..tables.timeline_feed import feed_part
 from ..timeline import Item, Timeline, TimelineBuilder
 from ..timeline.merge import ConnPart, SeqnoRises, record_tuple, thin
 from ..timeline.merge import merge_timelines as merge_parts
@@ -130,62 +128,57 @@ class Parts:
         self.conns: dict[int, _Conn] = {}
 
     def feed(self, part: TablePart, k1: np.ndarray, k2: np.ndarray, ck: np.ndarray) -> None:
-        """Feed a part's rows (keys ``k1``, ``k2``; connection ``ck`` of each) to their connections' builders, as records numbered by key."""
-        keys = (
-            ((k1 << KSHIFT) | k2).tolist()
+        """Feed a part's rows (keys ``k1``, ``k2``; connection ``ck`` of each) to their connections' builders, as records numbered by key.
+
+        Item runs go in bulk (:func:`~dcpinspect.tables.timeline_feed.feed_part`); every other row through :meth:`_record`.
+        """
+        keys: np.ndarray | list[int] = (
+            (k1 << KSHIFT) | k2
             if len(k1) and int(k1.max()) < 1 << (63 - KSHIFT)
             else [a << KSHIFT | b for a, b in zip(k1.tolist(), k2.tolist(), strict=True)]
         )
-        cks = ck.tolist()
-        conns = self.conns
-        cur = -1
-        for rec in _records(part, keys, cks):
-            c = rec[2]
-            if c != cur:  # the rows of a part interleave their connections: look up once per run
-                conn = conns.get(c)
-                if conn is None:
-                    conn = conns[c] = _Conn(c, rec[0], self.max_items, self.out)
-                bl = conn.builder
-                streams, born, raised, control, markers = bl.streams, conn.born, conn.raised, conn.control, conn.markers
-                feed = bl.feed
-                na = bl.anomaly_count
-                cur = c
-            key = rec[0]
-            ns = len(streams)
-            feed(rec)
-            if len(streams) != ns:
-                born.append(key)
-            m = bl.anomaly_count
-            if m != na:
-                raised.extend([key] * (m - na))
-                na = m
-            ev = rec[9]
-            if ev.__class__ is Frame and ev[2] == "mcbp":
-                raw = ev[1]
-                magic, op = raw[0], raw[1]
-                if magic in _CLIENT_RESPONSES:
-                    control.append(rec)
-                elif magic in _REQUESTS:
-                    if op in EXPECTS_RESPONSE:
-                        control.append(rec)
-                    elif op == _SNAPSHOT_MARKER and raw[4] != _MARKER_V1_EXTRAS:  # a v2 marker: may carry the purge seqno
-                        markers[key] = rec
+        feed_part(part, self._builder, self._record, numbers=keys, conns=ck, per_connection=True)
         if self.max_items is not None:
-            for c in set(cks):
-                conns[c].flush()
+            for c in np.unique(ck).tolist():
+                self.conns[c].flush()
+
+    def _conn(self, c: int, key: int) -> _Conn:
+        conn = self.conns.get(c)
+        if conn is None:
+            conn = self.conns[c] = _Conn(c, key, self.max_items, self.out)
+        return conn
+
+    def _builder(self, c: int, key: int) -> TimelineBuilder:
+        return self._conn(c, key).builder
+
+    def _record(self, rec: Record) -> None:
+        """One record to its connection's builder, noting the streams it created, the anomalies it raised, and what the merge replays."""
+        key = rec.number
+        conn = self._conn(rec.conn, key)
+        bl = conn.builder
+        ns, na = len(bl.streams), bl.anomaly_count
+        bl.feed(rec)
+        if len(bl.streams) != ns:
+            conn.born.append(key)
+        m = bl.anomaly_count
+        if m != na:
+            conn.raised.extend([key] * (m - na))
+        ev = rec.event
+        if ev.__class__ is Frame and ev[2] == "mcbp":
+            raw = ev[1]
+            magic, op = raw[0], raw[1]
+            if magic in _CLIENT_RESPONSES:
+                conn.control.append(rec)
+            elif magic in _REQUESTS:
+                if op in EXPECTS_RESPONSE:
+                    conn.control.append(rec)
+                elif op == _SNAPSHOT_MARKER and raw[4] != _MARKER_V1_EXTRAS:  # a v2 marker: may carry the purge seqno
+                    conn.markers[key] = rec
 
     def parts(self, max_items: int | None) -> Iterator[tuple[int, bytes]]:
         """Each connection's :class:`ConnPart`, pickled (``ck``, bytes)."""
         for ck, conn in self.conns.items():
             yield ck, pickle.dumps(conn.part(max_items), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _records(part: TablePart, keys: list[int], cks: list[int]) -> Iterator[Record]:
-    """A part's rows as records numbered by their keys, their connection by its ``ck`` (what :meth:`TablePart.records` gives, renumbered)."""
-    b = part.batch
-    file, label, d, packet, packet_first = (b.column(k).to_pylist() for k in ("file", "conn", "dir", "packet", "packet_first"))
-    ts, ts_first = (pc.cast(b.column(k), pa.int64()).fill_null(TS_UNKNOWN).to_numpy().tolist() for k in ("ts", "ts_first"))
-    return map(Record, keys, file, cks, label, d, ts, ts_first, packet, packet_first, part.events(), part.contexts())
 
 
 def merge_timelines(parts: list[ConnPart], frames_of: Callable[[list[int]], list[int]] | None = None) -> tuple[Timeline, dict[int, int]]:

@@ -57,9 +57,9 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -90,7 +90,7 @@ from .frames_vector import SCHEMA, FrameRows, ts_array, value_columns
 if TYPE_CHECKING:
     from .packets_vector import SegmentWindow
 
-__all__ = ["CLOSE_BASE", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
+__all__ = ["CLOSE_BASE", "PartArrays", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
 
 _MASK32 = 0xFFFFFFFF
 _GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
@@ -1066,6 +1066,25 @@ _DIR_NAMES = ("c2s", "s2c")
 _SESSION_OPS = np.array(sorted(SESSION_OPS), np.uint8)
 
 
+def _pick(values: Sequence[int] | np.ndarray, at: np.ndarray) -> list[int]:
+    """``values`` at positions ``at``, as Python ints."""
+    if isinstance(values, np.ndarray):
+        return values[at].tolist()
+    return [values[i] for i in at.tolist()]
+
+
+class PartArrays(NamedTuple):
+    """A part's rows as arrays (one entry per row), and the bytes of its frames."""
+
+    conn: np.ndarray  # the connection id
+    direction: np.ndarray  # 0: c2s, 1: s2c
+    ts: np.ndarray
+    framed: np.ndarray  # an mcbp frame (the others are gaps and other events)
+    start: np.ndarray  # where the frame starts in ``joined``
+    length: np.ndarray  # its length
+    joined: bytes
+
+
 @dataclass
 class TablePart:
     """Rows of the frames table and what made them: each row's event, bytes and dissection context, and its record.
@@ -1120,6 +1139,47 @@ class TablePart:
         """The context each row was dissected with."""
         t = self._t
         return [t.contexts[c] for c in t.ctx[self._a : self._b].tolist()]
+
+    def arrays(self) -> PartArrays:
+        """The part's rows as arrays: what a bulk reader of frames needs besides the columns (see :class:`PartArrays`)."""
+        t, a, b = self._t, self._a, self._b
+        return PartArrays(t.gid[a:b], t.dir[a:b], t.ts[a:b], t.is_frame[a:b], t.start[a:b], t.length[a:b], t.joined)
+
+    def records_at(
+        self, rows: Sequence[int], numbers: Sequence[int] | np.ndarray | None = None, conns: Sequence[int] | np.ndarray | None = None
+    ) -> list[Record]:
+        """The records of rows ``rows`` (indices into the part), numbered by ``numbers`` and ``conns`` (one per row of the part) if given."""
+        t, a = self._t, self._a
+        idx = np.asarray(rows, np.int64) + a
+        if not len(idx):
+            return []
+        labels = t.labels.to_pylist()
+        paths, contexts, other, joined = self._paths, t.contexts, t.events, t.joined
+        gids = t.gid[idx].tolist()
+        rel = idx - a
+        num = (rel + self.first).tolist() if numbers is None else _pick(numbers, rel)
+        cks = gids if conns is None else _pick(conns, rel)
+        out = []
+        for i, number, conn, gid, f, d, ts, ts_first, packet, packet_first, ctx, s, n, off in zip(
+            idx.tolist(),
+            num,
+            cks,
+            gids,
+            t.file[idx].tolist(),
+            t.dir[idx].tolist(),
+            t.ts[idx].tolist(),
+            t.ts_first[idx].tolist(),
+            t.packet[idx].tolist(),
+            t.packet_first[idx].tolist(),
+            t.ctx[idx].tolist(),
+            t.start[idx].tolist(),
+            t.length[idx].tolist(),
+            t.offset[idx].tolist(),
+            strict=True,
+        ):
+            ev = other[i] if i in other else _tnew(Frame, (off, joined[s : s + n], "mcbp"))
+            out.append(Record(number, paths[f], conn, labels[gid], _DIR_NAMES[d], ts, ts_first, packet, packet_first, ev, contexts[ctx]))
+        return out
 
     def records(self) -> Iterator[Record]:
         """The rows as :class:`~dcpinspect.flows.records.Record` objects (what the timeline and the live tools take)."""

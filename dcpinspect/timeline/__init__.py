@@ -13,9 +13,11 @@ puts per-connection timelines built apart (Spark) back together.
 Modules, bottom up: :mod:`.model` (the data), :mod:`.transitions` (a stream
 segment's life as a table), :mod:`.rollback` (failover branches, rollback
 explanations), :mod:`.core` (the builder's state and shared moves),
-:mod:`.streams` (stream requests, answers and messages), :mod:`.builder`
-(records in, timeline out: the dispatch tables and the connection's
-commands), :mod:`.merge` (per-connection parts merged and renumbered).
+:mod:`.streams` (stream requests, answers and messages), :mod:`.runs`
+(runs of item messages taken in bulk, where that provably changes nothing),
+:mod:`.builder` (records in, timeline out: the dispatch tables and the
+connection's commands), :mod:`.merge` (per-connection parts merged and
+renumbered).
 
 Rules:
 
@@ -23,8 +25,10 @@ Rules:
    views (matplotlib) read a :class:`Timeline`, never the other way round.
 2. The timeline never decodes bytes itself: a frame's meaning comes from the
    table through :func:`~dcpinspect.wire.dissect.dissect`, asked at most once
-   per frame.  The only shortcut is the item fast path, which reads an item's
-   seqno with the table's own extras struct.
+   per frame.  The only shortcuts are the item fast path, which reads an item's
+   seqno with the table's own extras struct, and item runs, whose seqnos a
+   bulk reader reads at the offsets :data:`~dcpinspect.timeline.runs.ITEM_RUN_LAYOUTS`
+   takes from those structs.
 3. Each frame is dispatched once, by a table keyed on its opcode (every opcode
    of the protocol table has an entry; anything else is an anomaly).
 4. A stream segment changes state only through ``TRANSITIONS``; an input the

@@ -31,7 +31,7 @@ from .core import MAX_PENDING, MAX_SHARED, OTHER, Conn, Header, elapsed, merge_r
 from .model import Anomaly, FlowSample, Item, Stream, Timeline
 from .model import AnomalyKind as K
 from .rollback import failover_log
-from .streams import StreamHandlers
+from .runs import RunHandlers
 
 __all__ = ["TimelineBuilder", "build_timeline"]
 
@@ -40,11 +40,12 @@ _SERVER = frozenset((int(Magic.SERVER_REQUEST), int(Magic.SERVER_RESPONSE)))  # 
 _NOOP, _SUCCESS = int(Opcode.DCP_NOOP), int(Status.SUCCESS)
 _BUFFER_KEY, _NOOP_KEY = "connection_buffer_size", "set_noop_interval"
 _HEADER = spec.HEADER.unpack_from
+_FRAME = itemgetter(1)  # a FlowSample's frame
 
 Handler = Callable[["TimelineBuilder", Conn, Record, Header], None]
 
 
-class TimelineBuilder(StreamHandlers):
+class TimelineBuilder(RunHandlers):
     """Feed records; ask for :meth:`timeline` at any time (live) or at the end (bulk).
 
     With ``max_items`` the builder keeps at most about ``2 * max_items``
@@ -301,6 +302,7 @@ class TimelineBuilder(StreamHandlers):
     # --- thinning (max_items) and the sinks ------------------------------------------
     def flush(self) -> None:
         """Pass the items and flow samples added since the last flush to the sinks; with ``max_items``, thin them."""
+        self._order_flow()
         if self.max_items is None and self._on_items is None and self._on_flow is None:
             return
         limit = None if self.max_items is None else 2 * self.max_items
@@ -325,6 +327,13 @@ class TimelineBuilder(StreamHandlers):
             self._flow, stride = _thin(self._flow[:done], new_flow, seen, stride, limit)
             self._flow_kept = [len(self._flow), seen + len(new_flow), stride]
 
+    def _order_flow(self) -> None:
+        """Flow samples in frame order (runs of several connections append theirs a connection at a time)."""
+        if self._flow_unordered:
+            done = self._flow_kept[0]
+            self._flow[done:] = sorted(self._flow[done:], key=_FRAME)
+            self._flow_unordered = False
+
     def _finish_thinning(self) -> None:
         """Each thinned stream's true last item back at its end (the end-of-input checks read it)."""
         self.flush()
@@ -339,6 +348,7 @@ class TimelineBuilder(StreamHandlers):
         """The timeline so far; with ``final`` also the end-of-input anomalies (requests never answered...)."""
         if self._kept or self.max_items is not None or self._on_items is not None or self._on_flow is not None:
             self._finish_thinning()
+        self._order_flow()
         anomalies = list(self._anomalies)
         self._history.explain_again()
         if final:

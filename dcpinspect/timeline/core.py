@@ -11,7 +11,7 @@ segment, and move a segment through the transition table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..flows.reassembly import TS_UNKNOWN
 from ..flows.records import Record
@@ -36,6 +36,7 @@ __all__ = [
     "BuilderCore",
     "Conn",
     "Header",
+    "Seen",
     "elapsed",
     "merge_repeat",
     "name_of",
@@ -50,6 +51,13 @@ MAX_STREAM_REQUESTS = 1 << 17  # the same for STREAM_REQ / CLOSE_STREAM: one per
 ALT_REQUEST = int(Magic.ALT_CLIENT_REQUEST)  # the magic whose frames may carry a stream id
 OTHER = {"c2s": "s2c", "s2c": "c2s"}  # the direction an answer travels
 Header = tuple[Any, ...]  # a frame's header fields (spec.HEADER): magic, opcode, keylen, extlen, datatype, vb/status, body, opaque, cas
+
+
+class Seen(NamedTuple):
+    """The latest record of a direction where an item run took it in bulk (what the end-of-input checks read of it)."""
+
+    number: int
+    ts: int
 
 
 @dataclass
@@ -75,7 +83,7 @@ class Conn:
     outstanding: int = 0
     stalled_at: int | None = None  # frame where outstanding reached the buffer
     stall_ts: int = 0
-    last: dict[str, Record] = field(default_factory=dict)  # direction -> its latest record
+    last: dict[str, Record | Seen] = field(default_factory=dict)  # direction -> its latest record
     noops: dict[int, tuple[int, int]] = field(default_factory=dict)  # opaque -> (frame, ts)
     lost: bool = False
     # acks for bytes not yet seen sent: the capture reordered the directions (or missed data);

@@ -6,7 +6,7 @@ and of every stream message.  A stream message is the hot path: its stream is
 found by opaque or by (vbucket, stream id), flow control is charged by the
 rule, the segment's state goes through the transition table only when it is
 not one that simply takes data, and an item's seqno is read with the table's
-own extras struct (``_ITEM_LAYOUTS``) rather than by a full dissection.
+own extras struct (``ITEM_LAYOUTS``) rather than by a full dissection.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .model import AnomalyKind as K
 from .rollback import failover_log, rollback_loop
 from .transitions import TRANSITIONS, Input
 
-__all__ = ["STREAM", "StreamHandlers"]
+__all__ = ["ITEM_LAYOUTS", "STREAM", "TAKES_DATA", "StreamHandlers", "flow_charges"]
 
 _STREAM_REQ, _STREAM_END, _SEQNO_ADVANCED = int(Opcode.DCP_STREAM_REQ), int(Opcode.DCP_STREAM_END), int(Opcode.DCP_SEQNO_ADVANCED)
 _SUCCESS, _ROLLBACK = int(Status.SUCCESS), int(Status.ROLLBACK)
@@ -53,7 +53,7 @@ _FOLLOWED, _REQUESTED, _CLOSING, _CLOSED = StreamState.FOLLOWED, StreamState.REQ
 _NOT_OPEN_YET = frozenset((StreamState.REQUESTED, StreamState.ROLLED_BACK, StreamState.REFUSED))
 _HISTORY = int(SnapshotFlag.HISTORY)
 #: the states in which a stream message other than STREAM_END changes nothing (the fast path: no table lookup)
-_TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
+TAKES_DATA = frozenset(s for (s, i), t in TRANSITIONS.items() if i is Input.DATA and t is s)
 
 
 def flow_charges() -> dict[int, tuple[int, int]]:
@@ -92,7 +92,8 @@ def _item_layouts() -> dict[int, tuple[struct.Struct, int, int | None]]:
     return {k: v for k, v in out.items() if v[1] >= 0}
 
 
-_ITEM_LAYOUTS = _item_layouts()
+#: opcode << 8 | extras length -> (extras struct, index of the seqno, key space): the item fast path's layouts
+ITEM_LAYOUTS = _item_layouts()
 
 
 class StreamHandlers(BuilderCore):
@@ -173,7 +174,7 @@ class StreamHandlers(BuilderCore):
         h: Header,
         _alt: int = ALT_REQUEST,
         _flow: Mapping[int, tuple[int, int]] = _FLOW,
-        _takes: frozenset[StreamState] = _TAKES_DATA,
+        _takes: frozenset[StreamState] = TAKES_DATA,
         _end: int = _STREAM_END,
         _sample: type[FlowSample] = FlowSample,
         _sid_messages: frozenset[int] = STREAM_ID_MESSAGES,
@@ -332,7 +333,7 @@ class StreamHandlers(BuilderCore):
         rec: Record,
         h: Header,
         s: Stream,
-        _layouts: Mapping[int, tuple[struct.Struct, int, int | None]] = _ITEM_LAYOUTS,
+        _layouts: Mapping[int, tuple[struct.Struct, int, int | None]] = ITEM_LAYOUTS,
         _alt: int = ALT_REQUEST,
         _hsize: int = _HEADER_SIZE,
         _new: type[Item] = Item,

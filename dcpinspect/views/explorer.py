@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from ..flows.records import CaptureStats, Record
 from ..tables.columnar import TablePart, read_parts
 from ..tables.frames_vector import SCHEMA
+from ..tables.timeline_feed import feed_parts
 from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
 from ..wire.dissection import DissectContext
 from ..wire.events import Event
@@ -181,7 +182,7 @@ class ExplorerModel:
             m.store.add_table(_from_pandas(source))
             m.builder = None if not m.store.files else m.builder
             if m.builder is not None:
-                m.builder.feed_all(r for part in read_parts(m.store.files) for r in part.records())
+                feed_parts(read_parts(m.store.files), m.builder)
         else:
             m.feed_many(list(source))
             m.flush()
@@ -219,7 +220,7 @@ class ExplorerModel:
         self.store.add_part(chunk)
         if self.builder is not None:
             with self._tl_lock:
-                self.builder.feed_all(chunk.records())
+                feed_parts([chunk], self.builder)
                 self._timeline = None
 
     # --- live -------------------------------------------------------------------
