@@ -9,10 +9,10 @@ measures in one run:
 
 * the single-process paths over all files: the frames table
   (``columnar.read_batches``, what ``frames_table`` reads, streamed), the
-  same written as parquet, the timeline (``read_records`` +
-  ``TimelineBuilder``), and both in one decode (the columnar parts to parquet
-  and their records to a ``TimelineBuilder``) - frames/s (``--spark-only``
-  skips them);
+  same written as parquet, the timeline (record by record: ``read_records`` +
+  ``TimelineBuilder``; item runs in bulk: ``read_timeline``), and both in one
+  decode (the columnar parts to parquet and to ``feed_parts``) - frames/s
+  (``--spark-only`` skips them);
 * a local Spark run per core count in a fresh process (``local[N]``): session
   start, an empty job, the first Python job; then ``analyze`` end to end
   (every table and ``report.html``; the number the issue asks for) with peak
@@ -270,6 +270,7 @@ def single_process(paths: list[str], directory: Path) -> tuple[int, float, float
     from dcpinspect.capture.read import read_records
     from dcpinspect.tables.columnar import read_batches, read_parts
     from dcpinspect.tables.frames_vector import SCHEMA
+    from dcpinspect.tables.timeline_feed import feed_parts, read_timeline
     from dcpinspect.timeline import TimelineBuilder, build_timeline
 
     t = time.perf_counter()
@@ -288,15 +289,18 @@ def single_process(paths: list[str], directory: Path) -> tuple[int, float, float
     print(f"single process + parquet write (pyarrow): {dt_single_pq:.1f} s = {single / dt_single_pq:,.0f} frames/s")
     t = time.perf_counter()
     build_timeline(read_records(paths))
+    dt_records = time.perf_counter() - t
+    print(f"single process timeline, record by record (read_records + TimelineBuilder): {dt_records:.1f} s")
+    t = time.perf_counter()
+    read_timeline(paths)
     dt_tl = time.perf_counter() - t
-    print(f"single process timeline (read_records + TimelineBuilder): {dt_tl:.1f} s")
+    print(f"single process timeline, item runs in bulk (read_timeline): {dt_tl:.1f} s ({dt_records / dt_tl:.2f}x record by record)")
     t = time.perf_counter()
     builder = TimelineBuilder()
     with pq.ParquetWriter(directory / "single-frames.parquet", SCHEMA) as w:
         for part in read_parts(paths):
             w.write_batch(part.batch)
-            for r in part.records():
-                builder.feed(r)
+            feed_parts([part], builder)
     builder.timeline()
     dt_fused = time.perf_counter() - t
     print(f"single process, one decode: frames parquet + timeline: {dt_fused:.1f} s = {single / dt_fused:,.0f} frames/s")

@@ -105,55 +105,53 @@ class TmpFrames:
 
 
 class ItemsOut:
-    """Every item and flow sample of a task's builders, with their keys, into temporary files (``analyze --items``)."""
+    """Every item and flow sample of a task's builders, with their keys, into temporary files (``analyze --items``).
+
+    Each call's rows become Arrow arrays at once (from the tuples' columns, in
+    C); a batch is written every :data:`_BATCH` rows.
+    """
 
     def __init__(self, directory: str) -> None:
         self.items = TmpFrames(directory, _ITEMS_TMP)
         self.flow = TmpFrames(directory, _FLOW_TMP)
-        self._i: list[list[Any]] = [[] for _ in _ITEMS_TMP]
-        self._f: list[list[Any]] = [[] for _ in _FLOW_TMP]
+        self._i: list[list[pa.Array]] = []
+        self._f: list[list[pa.Array]] = []
+        self._ni = self._nf = 0
 
     def add_items(self, born: int, ck: int, vbucket: int, new: list[Any]) -> None:
         """Items ``new`` of one stream (created by record ``born``, on connection ``ck``)."""
         mask = (1 << KSHIFT) - 1
         n = len(new)
         frame, ts, opcode, seqno, snapshot = zip(*new, strict=True)
-        cols = self._i
-        for col, v in zip(cols[:4], (born >> KSHIFT, born & mask, ck, vbucket), strict=True):
-            col.extend([v] * n)
-        cols[4] += [f >> KSHIFT for f in frame]
-        cols[5] += [f & mask for f in frame]
-        for col, vs in zip(cols[6:], (ts, opcode, seqno, snapshot), strict=True):
-            col.extend(vs)
-        if len(cols[0]) >= _BATCH:
+        k1, k2 = _split_keys(frame)
+        const = [pa.array(np.full(n, v, np.int64)) for v in (born >> KSHIFT, born & mask, ck, vbucket)]
+        types = _ITEMS_TMP.types[6:]
+        self._i.append([*const, k1, k2, *(pa.array(c, t) for c, t in zip((ts, opcode, seqno, snapshot), types, strict=True))])
+        self._ni += n
+        if self._ni >= _BATCH:
             self._flush_items()
 
     def add_flow(self, new: list[Any]) -> None:
         """Flow samples ``new``."""
-        mask = (1 << KSHIFT) - 1
         conn, frame, ts, outstanding, event, size = zip(*new, strict=True)
-        cols = self._f
-        cols[0] += conn
-        cols[1] += [f >> KSHIFT for f in frame]
-        cols[2] += [f & mask for f in frame]
-        for col, vs in zip(cols[3:], (ts, outstanding, event, size), strict=True):
-            col.extend(vs)
-        if len(cols[0]) >= _BATCH:
+        k1, k2 = _split_keys(frame)
+        t = _FLOW_TMP.types
+        self._f.append(
+            [pa.array(conn, t[0]), k1, k2, pa.array(ts, t[3]), pa.array(outstanding, t[4]), pa.array(event, t[5]), pa.array(size, t[6])]
+        )
+        self._nf += len(new)
+        if self._nf >= _BATCH:
             self._flush_flow()
 
     def _flush_items(self) -> None:
-        if self._i[0]:
-            self.items.write(
-                pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(self._i, _ITEMS_TMP, strict=True)], schema=_ITEMS_TMP)
-            )
-            self._i = [[] for _ in _ITEMS_TMP]
+        if self._i:
+            self.items.write(_batch(self._i, _ITEMS_TMP))
+            self._i, self._ni = [], 0
 
     def _flush_flow(self) -> None:
-        if self._f[0]:
-            self.flow.write(
-                pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(self._f, _FLOW_TMP, strict=True)], schema=_FLOW_TMP)
-            )
-            self._f = [[] for _ in _FLOW_TMP]
+        if self._f:
+            self.flow.write(_batch(self._f, _FLOW_TMP))
+            self._f, self._nf = [], 0
 
     def close(self) -> None:
         """Write what is held; finish both files."""
@@ -161,6 +159,21 @@ class ItemsOut:
         self._flush_flow()
         self.items.close()
         self.flow.close()
+
+
+def _split_keys(keys: tuple[int, ...]) -> tuple[pa.Array, pa.Array]:
+    """Keys K as their (k1, k2) columns."""
+    mask = (1 << KSHIFT) - 1
+    try:
+        a = np.array(keys, np.int64)
+    except OverflowError:  # a key past int64 (a connection's close rows, far beyond any packet position)
+        return pa.array([k >> KSHIFT for k in keys], pa.int64()), pa.array([k & mask for k in keys], pa.int64())
+    return pa.array(a >> KSHIFT), pa.array(a & mask)
+
+
+def _batch(chunks: list[list[pa.Array]], schema: pa.Schema) -> pa.RecordBatch:
+    """Chunks of columns as one batch."""
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c[i] for c in chunks]) for i in range(len(schema))], schema=schema)
 
 
 def frames_task(
