@@ -67,8 +67,8 @@ def _read(args: argparse.Namespace, stats: CaptureStats) -> Iterator[Record]:
         yield from part.records()
 
 
-def _read_batches(args: argparse.Namespace, stats: CaptureStats) -> Iterator[Any]:
-    for part in _parts(args, stats):
+def _read_batches(args: argparse.Namespace, stats: CaptureStats, rows: int = 20_000) -> Iterator[Any]:
+    for part in _parts(args, stats, rows):
         yield part.batch
 
 
@@ -118,7 +118,7 @@ def _frames(args: argparse.Namespace, console: Console) -> int:
     writer = FramesWriter(path, "parquet" if args.parquet else "csv") if path else None
     shown = 0
     try:
-        for batch in _read_batches(args, stats):
+        for batch in _read_batches(args, stats, 65_536 if writer is not None else 20_000):  # a file: parquet row groups of 64k
             if not batch.num_rows:
                 continue
             frames = batch

@@ -81,7 +81,7 @@ from ..flows.records import CaptureStats, Record, Recorder, gc_paused
 from ..flows.session import Sessions
 from ..protocol import spec
 from ..protocol.session import SESSION_OPS
-from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, walk_frames
+from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, chain_frames, plausible_header
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame
 from .columns import FrameColumns
@@ -104,10 +104,34 @@ _CACHE_SEGMENTS = 1 << 21  # ... unless they hold more segments than this
 _HS = spec.HEADER_SIZE
 
 
+_ALT_MAGICS = np.array(sorted(spec.ALT_MAGICS), np.uint8)
+_CLASSIC_MAGICS = np.array(sorted(set(spec.MAGICS) - set(spec.ALT_MAGICS)), np.uint8)
+
+
 def frame_walk(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
-    """:func:`~dcpinspect.wire.decoder.walk_frames` with the starts as an array."""
-    starts, stop, implausible = walk_frames(buf, max_body)
-    return np.array(starts, np.int64), stop, implausible
+    """:func:`~dcpinspect.wire.decoder.walk_frames` with the starts as an array (equal: tested on any bytes).
+
+    The chain of body lengths is followed in Python (:func:`~dcpinspect.wire.decoder.chain_frames`),
+    then every header is judged at once by the walk's rule - a known magic,
+    framing+extras+key within the body, the body within ``max_body`` - and
+    the chain cut at the first it does not accept.
+    """
+    chain, stop = chain_frames(buf)
+    s = np.array(chain, np.int64)
+    if len(s):
+        a = np.frombuffer(buf, np.uint8)
+        m = a[s]
+        kl = a[s + 2].astype(np.int64) << 8 | a[s + 3]
+        body = (a[s + 8].astype(np.int64) << 24) | (a[s + 9].astype(np.int64) << 16) | (a[s + 10].astype(np.int64) << 8) | a[s + 11]
+        alt = np.isin(m, _ALT_MAGICS)
+        sections = np.where(alt, (kl >> 8) + (kl & 0xFF), kl) + a[s + 4]
+        ok = (alt | np.isin(m, _CLASSIC_MAGICS)) & (sections <= body) & (body <= max_body)
+        if not ok.all():
+            j = int(np.argmin(ok))
+            return s[:j], int(s[j]), True
+    if stop + spec.HEADER_SIZE <= len(buf) and not plausible_header(buf[stop : stop + spec.HEADER_SIZE], max_body=max_body, strict=False):
+        return s, stop, True
+    return s, stop, False
 
 
 # --------------------------------------------------------------------------- tuples

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ..flows.records import CaptureStats, Record
 from ..protocol.reference import reference_rows
 from .columnar import read_batches
-from .columns import DICTIONARY_COLUMNS, FrameColumns
+from .columns import COLUMN_NAMES, DICTIONARY_COLUMNS, STATISTICS_COLUMNS, FrameColumns
 from .frames_vector import SCHEMA, arrow_schema
 from .schema import pandas_dtype
 
@@ -68,7 +68,13 @@ def write_parquet(table: pa.Table, path: str | Path) -> None:
     """Write the frames table as parquet (uint64 columns stay uint64)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(table, str(path), use_dictionary=list(DICTIONARY_COLUMNS))
+    pq.write_table(table, str(path), use_dictionary=list(DICTIONARY_COLUMNS), write_statistics=_statistics(table.schema))
+
+
+def _statistics(schema: pa.Schema) -> list[str]:
+    """The columns of ``schema`` whose statistics are written (:data:`STATISTICS_COLUMNS`; any column not of the frames table)."""
+    plain = set(COLUMN_NAMES) - set(STATISTICS_COLUMNS)
+    return [n for n in schema.names if n not in plain]
 
 
 def write_csv(table: pa.Table, path: str | Path) -> None:
@@ -149,7 +155,9 @@ class FramesWriter:
             if self.fmt == "parquet":
                 import pyarrow.parquet as pq
 
-                self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=list(DICTIONARY_COLUMNS))
+                self._writer = pq.ParquetWriter(
+                    self.path, table.schema, use_dictionary=list(DICTIONARY_COLUMNS), write_statistics=_statistics(table.schema)
+                )
             else:
                 import pyarrow.csv as pcsv
 

@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_GARBAGE_CHUNK",
     "DEFAULT_MAX_BODY",
     "FrameDecoder",
+    "chain_frames",
     "decode",
     "iter_decode",
     "plausible_header",
@@ -107,6 +108,7 @@ _DIALECTS = {"mcbp": _MCBP, "upr": _UPR}
 _MAGICS = frozenset(spec.MAGICS)
 _ALT = spec.ALT_MAGICS
 _LENGTHS = struct.Struct(">BxHBxxxI")  # magic, key length field, extras length, body length
+_BODY = struct.Struct(">8xI")  # body length
 _CLASSIC = frozenset(m for m in spec.MAGICS if m not in spec.ALT_MAGICS)
 _KNOWN_OPS = frozenset(spec.COMMANDS)
 _UPR_LENGTH = struct.Struct(">8xI")
@@ -173,7 +175,7 @@ def _implausible_upr(h: tuple[Any, ...], max_body: int, strict: bool) -> str | N
     return None
 
 
-def plausible_header(data: bytes, *, max_body: int = DEFAULT_MAX_BODY, strict: bool = True) -> bool:
+def plausible_header(data: bytes | memoryview, *, max_body: int = DEFAULT_MAX_BODY, strict: bool = True) -> bool:
     """Whether the first 24 bytes of ``data`` are a plausible mcbp header (by default with the strict rules of resynchronising).
 
     It is the decoder's own judgement: a known magic, section lengths that fit
@@ -217,6 +219,29 @@ def walk_frames(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tu
         app(pos)
         pos = end
     return starts, pos, False
+
+
+def chain_frames(buf: bytes | memoryview) -> tuple[list[int], int]:
+    """Where frames back to back from ``buf[0]`` start, by their body lengths alone, and where the chain stopped.
+
+    It judges nothing: the caller checks every header at once (bulk readers
+    with arrays) and cuts the chain at the first that :func:`walk_frames`
+    would not accept - what it returns up to there is what :func:`walk_frames`
+    returns.  It stops at a header or a frame not complete in ``buf``.
+    """
+    unpack = _BODY.unpack_from
+    starts: list[int] = []
+    app = starts.append
+    pos = 0
+    last = len(buf) - 24
+    n = len(buf)
+    while pos <= last:
+        end = pos + 24 + unpack(buf, pos)[0]
+        if end > n:
+            break
+        app(pos)
+        pos = end
+    return starts, pos
 
 
 class FrameDecoder:

@@ -31,7 +31,7 @@ from dcpinspect.flows.records import CaptureStats
 from dcpinspect.protocol.enums import Datatype, Feature
 from dcpinspect.tables.columnar import frame_walk, read_batches
 from dcpinspect.tables.frames_vector import SCHEMA, record_batches
-from dcpinspect.wire.decoder import FrameDecoder
+from dcpinspect.wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, walk_frames
 
 SHIPPED = sorted(CAPTURES.glob("*.pcap"))
 THIRD = sorted(THIRD_PARTY.glob("*.pcap*"))
@@ -109,6 +109,26 @@ def test_frame_walk_accepts_what_the_decoder_accepts() -> None:
     assert stop == len(buf) and bad
     events = FrameDecoder().feed(buf + b"\x00" * 24)
     assert [e.offset for e in events if e.type == "frame"] == starts.tolist()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.sampled_from([encode("DCP_NOOP", opaque=1), encode("GET", key="k"), encode("DCP_NOOP", magic=0x08, opaque=2)]),
+            st.binary(min_size=0, max_size=40),
+            st.builds(lambda b, n: b[:n], st.sampled_from([encode("SET", key="k", value=b"v" * 30)]), st.integers(0, 60)),
+        ),
+        max_size=12,
+    ),
+    max_body=st.sampled_from([DEFAULT_MAX_BODY, 20, 0]),
+)
+def test_frame_walk_equals_the_decoders_walk(pieces: list[bytes], max_body: int) -> None:
+    """The array judgement of the chain of body lengths accepts exactly what the per-header walk does, on any bytes."""
+    buf = b"".join(pieces)
+    starts, stop, bad = frame_walk(buf, max_body)
+    assert (starts.tolist(), stop, bad) == walk_frames(buf, max_body)
+    assert (starts.tolist(), stop, bad) == walk_frames(memoryview(buf), max_body)
 
 
 # --------------------------------------------------------------------------- generated captures
