@@ -2,10 +2,10 @@
 
 A capture's timeline costs, fed record by record, several times what its
 frames table costs; almost all of it goes to item messages, which each only
-add an item.  :func:`feed_part` reads every row's header with array
+add an item, and to the snapshot markers between them.  :func:`feed_part` reads every row's header with array
 operations on the part's frame bytes (layouts from the protocol table, via
-:data:`~dcpinspect.timeline.runs.ITEM_RUN_LAYOUTS`), finds the runs of item
-messages with no other frame of their builder's scope between them - any
+:data:`~dcpinspect.timeline.runs.ITEM_RUN_LAYOUTS` and ``RUN_MARKER``), finds
+the runs of item messages and v1 markers with no other frame of their builder's scope between them - any
 connection when one builder takes the whole capture, the same connection when
 each connection has its own builder (Spark) - groups each run by connection,
 direction and (vbucket, opaque), and hands it to
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..flows.records import CaptureStats, Record, gc_paused
 from ..timeline import Timeline, TimelineBuilder
-from ..timeline.runs import ITEM_RUN_LAYOUTS, RUN_MAGIC, ItemGroup, ItemRun, flow_charges
+from ..timeline.runs import ITEM_RUN_LAYOUTS, RUN_MAGIC, RUN_MARKER, RUN_MARKER_FIELDS, ItemGroup, ItemRun, flow_charges
 from .columnar import TablePart, read_parts
 
 __all__ = ["MIN_RUN", "feed_part", "feed_parts", "read_timeline"]
@@ -41,6 +41,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offset = np.zeros(1 << 16, np.int64)
     for key, off in ITEM_RUN_LAYOUTS.items():
         ok[key], offset[key] = True, off
+    ok[RUN_MARKER] = True  # its seqno column stays 0: the marker's own fields are read apart
     charge = np.zeros((256, 2), np.int64)
     for op, ab in flow_charges().items():
         charge[op] = ab
@@ -48,6 +49,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _RUN_LAYOUT, _SEQNO_AT, _CHARGE = _tables()
+_MARKER_OP = RUN_MARKER >> 8
 _BYTES8 = np.arange(8, dtype=np.int64)
 
 
@@ -94,6 +96,7 @@ def feed_part(
     op = np.zeros(n, np.int64)
     keypos = np.zeros(n, np.int64)
     keylen = np.zeros(n, np.int64)
+    marker = np.zeros((n, len(RUN_MARKER_FIELDS)), np.uint64)  # a v1 marker's start, end and flags
     if len(fr):
         s = start[fr]
         magic, opc, ext = buf[s], buf[s + 1].astype(np.int64), buf[s + 4].astype(np.int64)
@@ -110,6 +113,11 @@ def feed_part(
             opaque[rows] = _be(buf, s + 12, 4).astype(np.int64)
             keypos[rows] = s + _HEADER + ext[ok]
             keylen[rows] = kl[ok]
+            mk = layout == RUN_MARKER
+            if mk.any():
+                at = s[mk] + _HEADER
+                seqno[rows[mk]] = 0
+                marker[rows[mk]] = np.stack([_be(buf, at + off, width) for off, width in RUN_MARKER_FIELDS], 1)
     if not elig.any():
         for r in part.records_at(range(n), numbers, conns):
             feed(r)
@@ -179,8 +187,15 @@ def feed_part(
         ts = arr.ts[rows].tolist()
         ts_s, op_s, seq_s, pos_s = arr.ts[rs].tolist(), op[rs].tolist(), seqno[rs].tolist(), k.tolist()
         vbs, ops = v_s[bounds[:-1]].tolist(), o_s[bounds[:-1]].tolist()
+        mk = np.flatnonzero(op[rs] == _MARKER_OP)
+        marks: list[dict[int, tuple[int, int, int]]] = [{} for _ in vbs]
+        if len(mk):
+            fields = marker[rs[mk]].tolist()
+            g_of = np.searchsorted(bounds, mk, side="right") - 1
+            for i, g, f in zip(mk.tolist(), g_of.tolist(), fields, strict=True):
+                marks[g][i - bounds[g]] = tuple(f)
         groups = [
-            ItemGroup(vbs[i], ops[i], pos_s[a:b], nums_s[a:b], ts_s[a:b], op_s[a:b], seq_s[a:b])
+            ItemGroup(vbs[i], ops[i], pos_s[a:b], nums_s[a:b], ts_s[a:b], op_s[a:b], seq_s[a:b], marks[i])
             for i, (a, b) in enumerate(itertools.pairwise(bounds))
         ]
 
