@@ -85,12 +85,12 @@ from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, chain_frames, plausib
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame
 from .columns import FrameColumns
-from .frames_vector import SCHEMA, FrameRows, ts_array, value_columns
+from .frames_vector import SCHEMA, FrameRows, header_array, ts_array, value_columns
 
 if TYPE_CHECKING:
     from .packets_vector import SegmentWindow
 
-__all__ = ["CLOSE_BASE", "PartArrays", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
+__all__ = ["CLOSE_BASE", "DIRECTIONS", "PartArrays", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
 
 _MASK32 = 0xFFFFFFFF
 _GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
@@ -109,22 +109,24 @@ _CLASSIC_MAGICS = np.array(sorted(set(spec.MAGICS) - set(spec.ALT_MAGICS)), np.u
 
 
 def frame_walk(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[np.ndarray, int, bool]:
-    """:func:`~dcpinspect.wire.decoder.walk_frames` with the starts as an array (equal: tested on any bytes).
+    """The mcbp frames back to back from ``buf[0]``, as the aligned loop of :class:`~dcpinspect.wire.decoder.FrameDecoder` frames them.
 
-    The chain of body lengths is followed in Python (:func:`~dcpinspect.wire.decoder.chain_frames`),
-    then every header is judged at once by the walk's rule - a known magic,
+    Returns (the frames' starts, where the walk stopped, whether it stopped at
+    an implausible header); stopping short of the end otherwise means the rest
+    starts a frame not yet complete.  The chain of body lengths is followed in
+    Python (:func:`~dcpinspect.wire.decoder.chain_frames`), then every header
+    is judged at once by the decoder's rule - a known magic,
     framing+extras+key within the body, the body within ``max_body`` - and
-    the chain cut at the first it does not accept.
+    the chain cut at the first it does not accept (tested equal to the
+    decoder on any bytes).
     """
     chain, stop = chain_frames(buf)
     s = np.array(chain, np.int64)
     if len(s):
-        a = np.frombuffer(buf, np.uint8)
-        m = a[s]
-        kl = a[s + 2].astype(np.int64) << 8 | a[s + 3]
-        body = (a[s + 8].astype(np.int64) << 24) | (a[s + 9].astype(np.int64) << 16) | (a[s + 10].astype(np.int64) << 8) | a[s + 11]
+        h = header_array(np.frombuffer(buf, np.uint8), s)
+        m, kl, body = h["magic"], h["keylen"].astype(np.int64), h["bodylen"].astype(np.int64)
         alt = np.isin(m, _ALT_MAGICS)
-        sections = np.where(alt, (kl >> 8) + (kl & 0xFF), kl) + a[s + 4]
+        sections = np.where(alt, (kl >> 8) + (kl & 0xFF), kl) + h["extlen"]
         ok = (alt | np.isin(m, _CLASSIC_MAGICS)) & (sections <= body) & (body <= max_body)
         if not ok.all():
             j = int(np.argmin(ok))
@@ -1084,9 +1086,10 @@ class _Table:
         return ev if ev is not None else self.frame(i)
 
 
-_DIRS = pa.array(np.array(["c2s", "s2c"], object), pa.string())
 _tnew = tuple.__new__
-_DIR_NAMES = ("c2s", "s2c")
+#: the ``direction`` codes of :class:`PartArrays` (and of a window's rows)
+DIRECTIONS = ("c2s", "s2c")
+_DIRS = pa.array(DIRECTIONS, pa.string())
 _SESSION_OPS = np.array(sorted(SESSION_OPS), np.uint8)
 
 
@@ -1101,7 +1104,7 @@ class PartArrays(NamedTuple):
     """A part's rows as arrays (one entry per row), and the bytes of its frames."""
 
     conn: np.ndarray  # the connection id
-    direction: np.ndarray  # 0: c2s, 1: s2c
+    direction: np.ndarray  # an index into DIRECTIONS
     ts: np.ndarray
     framed: np.ndarray  # an mcbp frame (the others are gaps and other events)
     start: np.ndarray  # where the frame starts in ``joined``
@@ -1151,12 +1154,16 @@ class TablePart:
 
     def events(self) -> list[Event]:
         """Each row's event (frames are rebuilt from the window's bytes)."""
-        t, a, b = self._t, self._a, self._b
+        return self._events_at(np.arange(self._a, self._b))
+
+    def _events_at(self, idx: np.ndarray) -> list[Event]:
+        """The events of rows ``idx`` (indices into the window)."""
+        t = self._t
         joined, other = t.joined, t.events
-        spans = zip(t.start[a:b].tolist(), t.length[a:b].tolist(), t.offset[a:b].tolist(), strict=True)
+        spans = zip(idx.tolist(), t.start[idx].tolist(), t.length[idx].tolist(), t.offset[idx].tolist(), strict=True)
         return [
             other[i] if i in other else _tnew(Frame, (off, joined[s : s + n], "mcbp"))  # the decoder's own way to make one
-            for i, (s, n, off) in enumerate(spans, a)
+            for i, s, n, off in spans
         ]
 
     def contexts(self) -> list[DissectContext]:
@@ -1178,56 +1185,32 @@ class TablePart:
         if not len(idx):
             return []
         labels = t.labels.to_pylist()
-        paths, contexts, other, joined = self._paths, t.contexts, t.events, t.joined
+        paths, contexts = self._paths, t.contexts
         gids = t.gid[idx].tolist()
         rel = idx - a
         num = (rel + self.first).tolist() if numbers is None else _pick(numbers, rel)
         cks = gids if conns is None else _pick(conns, rel)
-        out = []
-        for i, number, conn, gid, f, d, ts, ts_first, packet, packet_first, ctx, s, n, off in zip(
-            idx.tolist(),
-            num,
-            cks,
-            gids,
-            t.file[idx].tolist(),
-            t.dir[idx].tolist(),
-            t.ts[idx].tolist(),
-            t.ts_first[idx].tolist(),
-            t.packet[idx].tolist(),
-            t.packet_first[idx].tolist(),
-            t.ctx[idx].tolist(),
-            t.start[idx].tolist(),
-            t.length[idx].tolist(),
-            t.offset[idx].tolist(),
-            strict=True,
-        ):
-            ev = other[i] if i in other else _tnew(Frame, (off, joined[s : s + n], "mcbp"))
-            out.append(Record(number, paths[f], conn, labels[gid], _DIR_NAMES[d], ts, ts_first, packet, packet_first, ev, contexts[ctx]))
-        return out
+        return [
+            Record(number, paths[f], conn, labels[gid], DIRECTIONS[d], ts, ts_first, packet, packet_first, ev, contexts[ctx])
+            for number, conn, gid, f, d, ts, ts_first, packet, packet_first, ctx, ev in zip(
+                num,
+                cks,
+                gids,
+                t.file[idx].tolist(),
+                t.dir[idx].tolist(),
+                t.ts[idx].tolist(),
+                t.ts_first[idx].tolist(),
+                t.packet[idx].tolist(),
+                t.packet_first[idx].tolist(),
+                t.ctx[idx].tolist(),
+                self._events_at(idx),
+                strict=True,
+            )
+        ]
 
     def records(self) -> Iterator[Record]:
         """The rows as :class:`~dcpinspect.flows.records.Record` objects (what the timeline and the live tools take)."""
-        t, a, b = self._t, self._a, self._b
-        first = self.first
-        paths = self._paths
-        labels = t.labels.to_pylist()
-        files = [paths[f] for f in t.file[a:b].tolist()]
-        dirs = [_DIR_NAMES[d] for d in t.dir[a:b].tolist()]
-        contexts = t.contexts
-        for number, file, conn, d, ts, ts_first, packet, packet_first, ctx, ev in zip(
-            range(first, first + b - a),
-            files,
-            t.gid[a:b].tolist(),
-            dirs,
-            t.ts[a:b].tolist(),
-            t.ts_first[a:b].tolist(),
-            t.packet[a:b].tolist(),
-            t.packet_first[a:b].tolist(),
-            t.ctx[a:b].tolist(),
-            self.events(),
-            strict=True,
-        ):
-            yield Record(number, file, conn, labels[conn], d, ts, ts_first, packet, packet_first, ev, contexts[ctx])
+        return iter(self.records_at(range(len(self))))
 
 
 def read_parts(

@@ -65,12 +65,14 @@ from .columns import DCP_COLUMNS, FRAME_COLUMNS, FRAME_VALUE_COLUMNS, JSON_NOT_C
 from .jsoncheck import json_suspects
 
 __all__ = [
+    "HEADER_DTYPE",
     "SCHEMA",
     "VECTOR_RULES",
     "FrameRows",
     "arrow_schema",
     "chunk_batch",
     "chunk_rows",
+    "header_array",
     "record_batches",
     "ts_array",
     "value_columns",
@@ -96,21 +98,21 @@ def arrow_schema() -> pa.Schema:
 
 
 SCHEMA = arrow_schema()
-_HEADER = np.dtype(
-    [
-        ("magic", "u1"),
-        ("opcode", "u1"),
-        ("keylen", ">u2"),
-        ("extlen", "u1"),
-        ("datatype", "u1"),
-        ("vbs", ">u2"),
-        ("bodylen", ">u4"),
-        ("opaque", ">u4"),
-        ("cas", ">u8"),
-    ]
-)
+
+
 _STRUCT_CHARS = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8", "b": "i1", "h": ">i2", "i": ">i4", "q": ">i8"}
-_ROW = np.arange(24)
+
+
+def _header_dtype() -> np.dtype:
+    """The protocol table's header struct (``spec.HEADER``) as a numpy record, one field per struct letter."""
+    names = ("magic", "opcode", "keylen", "extlen", "datatype", "vbs", "bodylen", "opaque", "cas")
+    chars = spec.HEADER.format.lstrip(">")
+    return np.dtype([(n, _STRUCT_CHARS[c]) for n, c in zip(names, chars, strict=True)])
+
+
+#: a frame's 24-byte header as numpy reads it (from ``spec.HEADER``): magic, opcode, keylen, extlen, datatype, vbs, bodylen, opaque, cas
+HEADER_DTYPE = _header_dtype()
+_ROW = np.arange(spec.HEADER_SIZE)
 _JSON = int(Datatype.JSON)
 _PACKED = int(Datatype.SNAPPY | Datatype.XATTR)  # a document that only dissect reads (compressed, or xattrs first)
 _CLASSIC = (Magic.CLIENT_REQUEST, Magic.CLIENT_RESPONSE)  # the alt magics carry framing extras (stream ids, durability)
@@ -314,7 +316,7 @@ class _Arrays:
 
     rows: FrameRows
     buf: np.ndarray
-    h: np.ndarray  # the headers (the _HEADER dtype)
+    h: np.ndarray  # the headers (HEADER_DTYPE records)
     vbs: np.ndarray
     bodylen: np.ndarray
     opaque: np.ndarray
@@ -410,11 +412,17 @@ def chunk_rows(chunk: RecordChunk, *, json_check: bool = True) -> FrameRows:
     )
 
 
+def header_array(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The headers of the frames at ``starts`` in ``buf`` (bytes as uint8), read at once: records of :data:`HEADER_DTYPE`."""
+    if not len(starts):
+        return np.zeros(0, HEADER_DTYPE)
+    return buf[starts[:, None] + _ROW].view(HEADER_DTYPE).reshape(-1)
+
+
 def _header_arrays(rows: FrameRows) -> _Arrays:
     """The 24-byte headers of every mcbp frame, read at once."""
     buf = np.frombuffer(rows.joined, np.uint8)
-    m = len(rows.starts)
-    h = buf[rows.starts[:, None] + _ROW].view(_HEADER).reshape(-1) if m else np.zeros(0, _HEADER)
+    h = header_array(buf, rows.starts)
     vbs, bodylen, opaque, cas = (h[f].astype(h[f].dtype.newbyteorder("=")) for f in ("vbs", "bodylen", "opaque", "cas"))
     keylen = h["keylen"].astype(np.int64)
     response = np.isin(h["magic"], _RESPONSE_MAGICS)

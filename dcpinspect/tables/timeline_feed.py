@@ -25,15 +25,16 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from ..flows.records import CaptureStats, Record, gc_paused
+from ..protocol import spec
 from ..timeline import Timeline, TimelineBuilder
 from ..timeline.runs import ITEM_RUN_LAYOUTS, RUN_MAGIC, RUN_MARKER, RUN_MARKER_FIELDS, ItemGroup, ItemRun, flow_charges
-from .columnar import TablePart, read_parts
+from .columnar import DIRECTIONS, TablePart, read_parts
+from .frames_vector import header_array
 
 __all__ = ["MIN_RUN", "feed_part", "feed_parts", "read_timeline"]
 
 MIN_RUN = 16
-_HEADER = 24
-_DIR_NAMES = ("c2s", "s2c")
+_HEADER = spec.HEADER_SIZE
 
 
 def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -50,16 +51,11 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 _RUN_LAYOUT, _SEQNO_AT, _CHARGE = _tables()
 _MARKER_OP = RUN_MARKER >> 8
-_BYTES8 = np.arange(8, dtype=np.int64)
 
 
-def _be(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """Big-endian unsigned integers of ``width`` bytes at offsets ``at``."""
-    g = buf[at[:, None] + _BYTES8[:width]]
-    out = np.zeros(len(at), np.uint64)
-    for i in range(width):
-        out = (out << np.uint64(8)) | g[:, i].astype(np.uint64)
-    return out
+def _field(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian unsigned integers of ``width`` bytes at offsets ``at`` (uint64)."""
+    return buf[at[:, None] + np.arange(width)].view(f">u{width}").reshape(-1).astype(np.uint64)
 
 
 def feed_part(
@@ -99,8 +95,8 @@ def feed_part(
     marker = np.zeros((n, len(RUN_MARKER_FIELDS)), np.uint64)  # a v1 marker's start, end and flags
     if len(fr):
         s = start[fr]
-        magic, opc, ext = buf[s], buf[s + 1].astype(np.int64), buf[s + 4].astype(np.int64)
-        kl = (buf[s + 2].astype(np.int64) << 8) | buf[s + 3]
+        h = header_array(buf, s)
+        magic, opc, ext, kl = h["magic"], h["opcode"].astype(np.int64), h["extlen"].astype(np.int64), h["keylen"].astype(np.int64)
         layout = opc << 8 | ext
         ok = (magic == RUN_MAGIC) & _RUN_LAYOUT[layout] & (_HEADER + ext + kl <= arr.length[fr])
         rows = fr[ok]
@@ -108,16 +104,16 @@ def feed_part(
             s, layout = s[ok], layout[ok]
             elig[rows] = True
             op[rows] = opc[ok]
-            seqno[rows] = _be(buf, s + _HEADER + _SEQNO_AT[layout], 8)
-            vb[rows] = _be(buf, s + 6, 2).astype(np.int64)
-            opaque[rows] = _be(buf, s + 12, 4).astype(np.int64)
+            seqno[rows] = _field(buf, s + _HEADER + _SEQNO_AT[layout], 8)
+            vb[rows] = h["vbs"][ok]
+            opaque[rows] = h["opaque"][ok]
             keypos[rows] = s + _HEADER + ext[ok]
             keylen[rows] = kl[ok]
             mk = layout == RUN_MARKER
             if mk.any():
                 at = s[mk] + _HEADER
                 seqno[rows[mk]] = 0
-                marker[rows[mk]] = np.stack([_be(buf, at + off, width) for off, width in RUN_MARKER_FIELDS], 1)
+                marker[rows[mk]] = np.stack([_field(buf, at + off, width) for off, width in RUN_MARKER_FIELDS], 1)
     if not elig.any():
         for r in part.records_at(range(n), numbers, conns):
             feed(r)
@@ -203,7 +199,7 @@ def feed_part(
             at = rows[np.asarray(positions, np.int64)]
             return [joined[p : p + m] for p, m in zip(keypos[at].tolist(), keylen[at].tolist(), strict=True)]
 
-        return ItemRun(int(conn[rows[0]]), _DIR_NAMES[int(arr.direction[rows[0]])], nums, ts, charged[rows].tolist(), groups, keys)
+        return ItemRun(int(conn[rows[0]]), DIRECTIONS[int(arr.direction[rows[0]])], nums, ts, charged[rows].tolist(), groups, keys)
 
     prev = 0
     for p, rec in zip([*as_record.tolist(), len(order)], [*recs, None], strict=True):

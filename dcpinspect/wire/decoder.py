@@ -71,7 +71,6 @@ __all__ = [
     "decode",
     "iter_decode",
     "plausible_header",
-    "walk_frames",
 ]
 
 #: 20 MiB document + 1 MiB xattrs + key/extras/framing headroom.
@@ -187,47 +186,13 @@ def plausible_header(data: bytes | memoryview, *, max_body: int = DEFAULT_MAX_BO
     return _implausible_mcbp(spec.HEADER.unpack_from(data, 0), max_body, strict) is None
 
 
-def walk_frames(buf: bytes | memoryview, max_body: int = DEFAULT_MAX_BODY) -> tuple[list[int], int, bool]:
-    """The mcbp frames back to back from ``buf[0]``, as the aligned loop of :class:`FrameDecoder` frames them.
-
-    Returns (the frames' starts, where the walk stopped, whether it stopped at
-    an implausible header); stopping short of the end otherwise means the rest
-    starts a frame not yet complete.  It makes no events: the columnar table
-    reads the frames from the buffer itself, and hands a stream to a
-    :class:`FrameDecoder` (fresh, aligned: the same state) from the first
-    header this walk does not accept.  One precompiled ``struct`` per header.
-    """
-    unpack = _LENGTHS.unpack_from
-    classic, alt = _CLASSIC, _ALT
-    starts: list[int] = []
-    app = starts.append
-    pos = 0
-    n = len(buf)
-    while pos + 24 <= n:
-        m, kl, el, body = unpack(buf, pos)
-        if m in classic:
-            ok = kl + el <= body <= max_body
-        elif m in alt:
-            ok = (kl >> 8) + (kl & 0xFF) + el <= body <= max_body
-        else:
-            ok = False
-        if not ok:
-            return starts, pos, True
-        end = pos + 24 + body
-        if end > n:
-            break
-        app(pos)
-        pos = end
-    return starts, pos, False
-
-
 def chain_frames(buf: bytes | memoryview) -> tuple[list[int], int]:
     """Where frames back to back from ``buf[0]`` start, by their body lengths alone, and where the chain stopped.
 
     It judges nothing: the caller checks every header at once (bulk readers
-    with arrays) and cuts the chain at the first that :func:`walk_frames`
-    would not accept - what it returns up to there is what :func:`walk_frames`
-    returns.  It stops at a header or a frame not complete in ``buf``.
+    with arrays, :func:`dcpinspect.tables.columnar.frame_walk`) and cuts the
+    chain at the first that the aligned loop of :class:`FrameDecoder` would not
+    accept.  It stops at a header or a frame not complete in ``buf``.
     """
     unpack = _BODY.unpack_from
     starts: list[int] = []
