@@ -808,3 +808,19 @@ def pcap_records(data: bytes) -> list[tuple[int, int]]:
         out.append((pos, caplen))
         pos += 16 + caplen
     return out
+
+
+def rotate(path: Path, parts: int) -> list[str]:
+    """Cut a little-endian microsecond pcap into ``parts`` files at record boundaries, as tcpdump -C does."""
+    data = path.read_bytes()
+    head, pos, offsets = data[:24], 24, []
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<I", data, pos + 8)[0]
+    cuts = [offsets[len(offsets) * i // parts] for i in range(parts)] + [len(data)]
+    out = []
+    for i in range(parts):
+        q = path.with_name(f"{path.stem}.{i}.pcap")
+        q.write_bytes((head if i else b"") + data[cuts[i] if i else 0 : cuts[i + 1]])
+        out.append(str(q))
+    return out

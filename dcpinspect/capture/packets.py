@@ -69,14 +69,16 @@ def _network(linktype: int, data: bytes) -> tuple[int, int] | str:
     return f"link type {linktype}"
 
 
-def parse_packet(linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str]) -> Segment | None:
-    """One captured packet -> a TCP segment, or ``None`` (the reason counted in ``skipped``)."""
-    found = locate_segment(linktype, data, wirelen, ts, packet, file, skipped)
+def parse_packet(
+    linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str], pos: int = 0
+) -> Segment | None:
+    """One captured packet -> a TCP segment, or ``None`` (the reason counted in ``skipped``); ``pos`` as :attr:`Segment.pos`."""
+    found = locate_segment(linktype, data, wirelen, ts, packet, file, skipped, pos)
     return None if found is None else found[0]
 
 
 def locate_segment(
-    linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str]
+    linktype: int, data: bytes, wirelen: int, ts: int, packet: int, file: str, skipped: Counter[str], pos: int = 0
 ) -> tuple[Segment, int, int] | None:
     """:func:`parse_packet`, with where the TCP header and its payload start in ``data``.
 
@@ -144,4 +146,4 @@ def locate_segment(
     have_end = min(ip_end, len(data))
     payload = data[start:have_end] if start < have_end else b""
     missing = max(0, ip_end - max(have_end, start))
-    return Segment(ts, src, sport, dst, dport, seq, flags, payload, missing, packet, file), tcp, start
+    return Segment(ts, src, sport, dst, dport, seq, flags, payload, missing, packet, file, pos), tcp, start

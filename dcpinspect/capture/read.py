@@ -29,6 +29,7 @@ def capture_segments(paths: Iterable[str], stats: CaptureStats, progress: Callab
     1,024 packets.
     """
     st = stats
+    base = 0  # the packets of the files before this one: a packet's position in the capture is base + its number
     for path in paths:
         reader = CaptureReader(str(path))
         info: dict[str, Any] = {"format": None, "packets": 0, "problems": [], "error": None}
@@ -38,13 +39,14 @@ def capture_segments(paths: Iterable[str], stats: CaptureStats, progress: Callab
                 st.packets += 1
                 if progress is not None and not pkt.number % 1024:
                     progress(str(path), pkt.offset)
-                seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped)
+                seg = parse_packet(pkt.linktype, pkt.data, pkt.wirelen, pkt.ts, pkt.number, str(path), st.skipped, base + pkt.number)
                 if seg is not None:
                     yield seg
         except CaptureError as exc:
             info["error"] = str(exc)
         info["format"] = reader.format or None
         info["packets"] = reader.packets
+        base += reader.packets
         info["problems"] = [f"{msg} (at byte offset {off})" for off, msg in reader.problems]
         info["linktypes"] = sorted(reader.linktypes)
 

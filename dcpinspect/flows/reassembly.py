@@ -27,7 +27,21 @@ Rules this module keeps:
    port is the server; else whoever sends HELLO/SASL/DCP_OPEN first is the
    client.  Direction is not role: a DCP producer (server) sends requests.
 5. Each decoded event carries the timestamp and packet number of the packet
-   its first byte arrived in and of the packet that completed it.
+   its first byte arrived in and of the packet that completed it.  Every
+   batch of events also carries its place in the capture's order, ``(k1,
+   k2)``: ``k1`` the position (:attr:`Segment.pos`) of the packet that
+   completed it - after a hole given up, the latest packet behind the hole,
+   not the one that gave it up; at the end of the capture
+   :data:`CLOSE_BASE` plus the position its connection became known at -
+   and ``k2`` its order among the events of that ``k1``.  A hole is given
+   up at the latest :data:`~.halfstream.MAX_HOLE_WAIT` packets after the
+   oldest segment held behind it (:meth:`Reassembler.give_up`, checked at
+   every segment), so events wait a bounded time for their place:
+   :meth:`Reassembler.watermark` says below which ``k1`` nothing more can
+   come, and :class:`~.records.Recorder` numbers events in ``(k1, k2)``
+   order up to it.  The placing depends only on a connection's own
+   segments and their positions, so a reader of part of a capture (a Spark
+   task) places every event as a reader of all of it does.
 6. No I/O and no clock: timestamps are whatever the source put in segments.
 7. Bounded cost: a segment costs O(log n) in the n out-of-order segments held
    (a heap of their sequence numbers), and each direction holds at most
@@ -43,15 +57,17 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
 from ..protocol.enums import Magic
 from ..protocol.session import SESSION_START_OPS
 from ..wire.decoder import DEFAULT_MAX_BODY, plausible_header
 from ..wire.events import Event
-from .halfstream import RECENT, Emitted, HalfStream
+from .halfstream import MAX_HOLE_WAIT, RECENT, Emitted, HalfStream
 
 __all__ = [
+    "CLOSE_BASE",
     "DEFAULT_SERVER_PORTS",
     "TLS_PORTS",
     "TS_MAX",
@@ -71,6 +87,9 @@ __all__ = [
 TS_UNKNOWN = -(2**63)
 #: the latest packet time a ``timestamp[ns]`` column holds (int64 ns: 2262-04-11T23:47:16.854775807)
 TS_MAX = 2**63 - 1
+#: the ``k1`` of events emitted at the end of the capture: ``CLOSE_BASE`` + the position their connection became known at
+CLOSE_BASE = 1 << 61
+_NOTHING_HELD = 1 << 63  # the watermark when no hole is open: every k1 is below it
 DEFAULT_SERVER_PORTS = frozenset((11210, 11209, 11211))
 TLS_PORTS = frozenset((11207,))
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
@@ -84,7 +103,10 @@ class Segment(NamedTuple):
 
     ``missing`` is the number of payload bytes the capture did not keep
     (snaplen): they follow ``payload`` in sequence space.  ``ts`` is in
-    nanoseconds; ``packet`` the packet's 1-based number in its capture.
+    nanoseconds; ``packet`` the packet's 1-based number in its file;
+    ``pos`` its 1-based number in the capture as a whole (the files read as
+    one: the packets of the files before it plus ``packet``), or 0 to let
+    the reassembler count the segments it is fed (a live source).
     """
 
     ts: int
@@ -98,6 +120,7 @@ class Segment(NamedTuple):
     missing: int = 0
     packet: int = 0
     file: str = ""
+    pos: int = 0
 
 
 class FlowEvent(NamedTuple):
@@ -138,6 +161,7 @@ class Connection:
     last_ts: int = 0
     last_file: str = ""  # the capture file of its latest packet (rotated captures)
     packets: int = 0
+    known_at: int = 0  # the capture position of the segment that made it known (adopted)
     dropped: bool = False  # closed, and no longer in :attr:`Reassembler.connections` (see ``keep_closed``)
     _retired: bool = field(default=False, repr=False)  # closed and out of the live map
 
@@ -160,13 +184,15 @@ def _ep(ep: tuple[str, int]) -> str:
 #: what :meth:`Reassembler.feed_raw` returns: decoder events of one direction, completed by the
 #: same packet (``ts_last``, ``packet_last``), with the file of that packet; ``heads`` holds
 #: ``(ts_first, ts_last, packet_first, packet_last)`` of the first ``len(heads)`` events (those
-#: that began in earlier packets); every later event began and ended in that packet.
-Batch = tuple[Connection, str, list[Event], int, int, list[tuple[int, int, int, int]], str]
+#: that began in earlier packets); every later event began and ended in that packet.  Then
+#: ``k1, k2``: the batch's place in the capture's order (rule 5; its events are ``k2``,
+#: ``k2 + 1``, ...).
+Batch = tuple[Connection, str, list[Event], int, int, list[tuple[int, int, int, int]], str, int, int]
 
 
 def expand(batch: Batch) -> Iterator[tuple[Event, int, int, int, int]]:
     """``(event, ts_first, ts_last, packet_first, packet_last)`` of each event of a batch."""
-    _conn, _d, events, ts, packet, heads, _file = batch
+    events, ts, packet, heads = batch[2], batch[3], batch[4], batch[5]
     k = len(heads)
     for i, ev in enumerate(events):
         if i < k:
@@ -206,6 +232,9 @@ class Reassembler:
         compare_window: delivered bytes each direction keeps (up to twice
             this) to compare overlapping retransmissions with; 0 for a stream
             that cannot retransmit, such as what a proxy forwarded.
+        hole_wait: packets of the capture a hole is waited for, after the
+            oldest segment held behind it (rule 5; default
+            :data:`~.halfstream.MAX_HOLE_WAIT`).
     """
 
     def __init__(
@@ -217,6 +246,7 @@ class Reassembler:
         max_body: int = DEFAULT_MAX_BODY,
         keep_closed: int | None = None,
         compare_window: int = RECENT,
+        hole_wait: int | None = None,
     ) -> None:
         self.server_ports = frozenset(server_ports)
         self.tls_ports = frozenset(tls_ports)
@@ -237,6 +267,13 @@ class Reassembler:
         self._last_ts = 0
         self._last_packet = 0
         self._last_file = ""
+        self._pos = 0  # the position of the latest segment
+        self._holes: list[tuple[int, int, Connection, str, HalfStream]] = []  # (deadline, tiebreak, ...) of directions holding segments
+        self._tiebreak = 0
+        self.hole_wait = MAX_HOLE_WAIT if hole_wait is None else hole_wait  # packets of the capture a hole is waited for (rule 5)
+        self._holes_limit = 64  # the heap is rid of closed directions' entries when it grows past this
+        self._k2: dict[int, int] = {}  # k1 -> the next k2 (those that cannot come again are forgotten now and then)
+        self._k2_limit = 64
 
     def _key(self, seg: Segment) -> Key:
         a = (seg.src, seg.sport)
@@ -254,17 +291,18 @@ class Reassembler:
         self._last_ts = seg.ts
         self._last_packet = seg.packet
         self._last_file = seg.file
+        pos = self._pos = seg.pos or self._pos + 1
+        out: list[Batch] = self.give_up(pos) if self._holes and self._holes[0][0] <= pos else []
         key = self._key(seg)
         conn = self._live.get(key)
         if conn is None:
             conn = self._recently_closed.get(key)
-        out: list[Batch] = []
         src = (seg.src, seg.sport)
         if seg.flags & SYN and conn is not None:
             d = "c2s" if src == conn.client else "s2c"
             isn = conn.isn.get(d)
             if conn.closed or (isn is not None and isn != seg.seq):
-                out += self._close(conn, seg.ts, seg.packet)
+                out += self._close(conn, seg.ts, seg.packet, pos, "")
                 conn = None
         if conn is None:
             if key in self._ignored and not seg.flags & SYN:
@@ -311,14 +349,17 @@ class Reassembler:
                 self._retire(key, conn)
             return out
         if seg.payload or seg.missing:
-            half.push(half.extend(seq & 0xFFFFFFFF), seg.payload, seg.missing, seg.ts, seg.packet, raw_out)
+            half.push(half.extend(seq & 0xFFFFFFFF), seg.payload, seg.missing, seg.ts, seg.packet, pos, seg.file, raw_out)
+            if half.pending and not half.scheduled:
+                self._schedule(conn, d, half)
         if seg.flags & FIN and half.next_seq is not None:
             half.fin_seq = half.extend((seq + len(seg.payload) + seg.missing) & 0xFFFFFFFF)
         if half.fin_seq is not None and half.next_seq is not None and half.fin_seq <= half.next_seq and not half.pending:
-            half.finish(seg.ts, seg.packet, raw_out)
-        out += [(conn, d, *e, seg.file) for e in raw_out]
+            half.finish(seg.ts, seg.packet, pos, seg.file, raw_out)
+        if raw_out:
+            out += self._placed(conn, d, raw_out)
         if seg.flags & RST:
-            out += self._close(conn, seg.ts, seg.packet)
+            out += self._close(conn, seg.ts, seg.packet, pos, seg.file)
         elif (
             half.fin_seq is not None
             and not conn.closed
@@ -329,8 +370,68 @@ class Reassembler:
                 conn.closed = True
                 self._retire(key, conn)
             else:  # both ends sent FIN: the bytes still missing will not come (rule 1)
-                out += self._close(conn, seg.ts, seg.packet)
+                out += self._close(conn, seg.ts, seg.packet, pos, seg.file)
         return out
+
+    # --- the capture's order (rule 5) -------------------------------------------------
+    def _placed(self, conn: Connection, d: str, raw: list[Emitted]) -> list[Batch]:
+        """A direction's emitted events as batches, each with its ``(k1, k2)``."""
+        k2s = self._k2
+        out: list[Batch] = []
+        for events, ts, packet, heads, k1, file in raw:
+            k2 = k2s.get(k1, 0)
+            k2s[k1] = k2 + len(events)
+            out.append((conn, d, events, ts, packet, heads, file, k1, k2))
+        if len(k2s) > self._k2_limit:
+            # a k1 comes again only from a direction still holding segments (>= the watermark) or from this very segment
+            low = min(self.watermark(), self._pos)
+            self._k2 = {k: v for k, v in k2s.items() if k >= low}
+            self._k2_limit = 2 * len(self._k2) + 64
+        return out
+
+    def _schedule(self, conn: Connection, d: str, half: HalfStream) -> None:
+        oldest = half.oldest()
+        if oldest is not None:
+            half.scheduled = True
+            self._tiebreak += 1
+            heappush(self._holes, (oldest + self.hole_wait, self._tiebreak, conn, d, half))
+
+    def give_up(self, pos: int) -> list[Batch]:
+        """The capture reached position ``pos``: give up every hole whose oldest held segment is ``MAX_HOLE_WAIT`` packets behind.
+
+        :meth:`feed_raw` does this before each segment; a reader that feeds
+        only some connections (a columnar decode) calls it to say how far
+        the capture has gone.  The result depends only on each direction's
+        segments and ``pos``, never on which segment triggered it.
+        """
+        holes = self._holes
+        out: list[Batch] = []
+        while holes and holes[0][0] <= pos:
+            _dl, _t, conn, d, half = heappop(holes)
+            half.scheduled = False
+            if half.closed or not half.pending:
+                continue
+            raw: list[Emitted] = []
+            half.give_up(pos - self.hole_wait, raw)
+            if raw:
+                out += self._placed(conn, d, raw)
+            if half.pending:
+                self._schedule(conn, d, half)
+        return out
+
+    def watermark(self) -> int:
+        """No event emitted from now on has a ``k1`` below this: the oldest position held behind a hole (a huge number if none)."""
+        holes = self._holes
+        while holes:
+            dl, _t, conn, d, half = holes[0]
+            oldest = None if half.closed else half.oldest()
+            if oldest is not None and oldest + self.hole_wait == dl:
+                return oldest
+            heappop(holes)
+            half.scheduled = False
+            if oldest is not None:
+                self._schedule(conn, d, half)
+        return _NOTHING_HELD
 
     def _open(self, seg: Segment, key: Key) -> Connection | None:
         src, dst = (seg.src, seg.sport), (seg.dst, seg.dport)
@@ -363,6 +464,7 @@ class Reassembler:
 
     def _adopt(self, conn: Connection) -> None:
         conn.decided = True
+        conn.known_at = self._pos
         conn.id = self._next_id
         self._next_id += 1
         self.connections.append(conn)
@@ -439,14 +541,25 @@ class Reassembler:
             self.connections[:] = [c for c in self.connections if not c.dropped]  # in place: others hold this list
             self._stale = 0
 
-    def _close(self, conn: Connection, ts: int, packet: int) -> list[Batch]:
+    def _close(self, conn: Connection, ts: int, packet: int, pos: int, file: str) -> list[Batch]:
+        """End both directions at position ``pos`` (in ``file``; "" for the file the connection was last seen in)."""
         out: list[Batch] = []
+        file = file or conn.last_file or self._last_file
         for d, half in conn.halves.items() if not conn.tls else ():
             raw: list[Emitted] = []
-            half.finish(ts, packet, raw)
-            out += [(conn, d, *e, conn.last_file or self._last_file) for e in raw]  # the file the connection was last seen in
+            half.finish(ts, packet, pos, file, raw)
+            if raw:
+                out += self._placed(conn, d, raw)
         conn.closed = True
         self._retire(_conn_key(conn), conn)
+        if len(self._holes) > self._holes_limit:
+            live = [e for e in self._holes if not e[4].closed and e[4].pending]
+            for e in self._holes:
+                if e[4].closed or not e[4].pending:
+                    e[4].scheduled = False
+            heapify(live)
+            self._holes = live
+            self._holes_limit = 2 * len(live) + 64
         return out
 
     def expire(self, idle_before: int) -> list[Batch]:
@@ -460,7 +573,7 @@ class Reassembler:
         """
         out: list[Batch] = []
         for conn in [c for c in self._live.values() if c.last_ts < idle_before and not c.closed]:
-            out += self._close(conn, self._last_ts, self._last_packet)
+            out += self._close(conn, self._last_ts, self._last_packet, self._pos, "")
         return out
 
     def close(self) -> list[FlowEvent]:
@@ -471,7 +584,7 @@ class Reassembler:
         """Like :meth:`close`, in batches (see :meth:`feed_raw`)."""
         out: list[Batch] = []
         for conn in [c for c in self.connections if not c.closed]:
-            out += self._close(conn, self._last_ts, self._last_packet)
+            out += self._close(conn, self._last_ts, self._last_packet, CLOSE_BASE + conn.known_at, "")
         return out
 
     def run(self, segments: Iterable[Segment]) -> Iterator[FlowEvent]:

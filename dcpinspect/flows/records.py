@@ -6,7 +6,11 @@ and :class:`~dcpinspect.wire.decoder.FrameDecoder`, and follows what each connec
 negotiated (HELLO features, DCP_OPEN flags, DCP_CONTROL enable_stream_id) so
 every frame is dissected with the context of *its* connection: a key carries a
 collection id only where collections were negotiated.  A connection whose
-start was not captured has an unknown context (nothing is guessed).  Pure: no
+start was not captured has an unknown context (nothing is guessed).  Records
+are numbered in the capture's order (the reassembler's ``(k1, k2)``: by the
+packet that completed them, frames after a hole given up in their place, not
+where the hole was given up); what waits for its place is bounded by
+:data:`~dcpinspect.flows.halfstream.MAX_HOLE_WAIT` packets.  Pure: no
 I/O.  :func:`dcpinspect.capture.read.read_records` is the capture-file edge on top.
 """
 
@@ -17,6 +21,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from itertools import accumulate
 from typing import Any, NamedTuple, TypeVar
 
@@ -31,6 +36,7 @@ T = TypeVar("T")
 
 __all__ = [
     "CaptureStats",
+    "InOrder",
     "Record",
     "RecordChunk",
     "gc_paused",
@@ -67,17 +73,52 @@ class CaptureStats:
     records: int = 0
 
 
+class InOrder:
+    """Batches of a reassembler in the capture's order: each held until its ``k1`` is below the watermark.
+
+    What is held is what came while a hole was open: at most
+    :data:`~dcpinspect.flows.halfstream.MAX_HOLE_WAIT` packets' worth.
+    """
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: list[tuple[int, int, Batch]] = []  # heap by (k1, k2): unique, so batches are never compared
+
+    def release(self, batches: list[Batch], watermark: int) -> list[Batch]:
+        """Take ``batches``; return those (and those held) whose place is now final, in order."""
+        held = self.held
+        if not held:
+            if len(batches) < 2:
+                if not batches or batches[0][7] < watermark:
+                    return batches
+            elif all(b[7] < watermark for b in batches):
+                keys = [(b[7], b[8]) for b in batches]
+                return batches if keys == sorted(keys) else sorted(batches, key=_place)
+        for b in batches:
+            heappush(held, (b[7], b[8], b))
+        out: list[Batch] = []
+        while held and held[0][0] < watermark:
+            out.append(heappop(held)[2])
+        return out
+
+
+def _place(b: Batch) -> tuple[int, int]:
+    return b[7], b[8]
+
+
 def _batches(
     segments: Iterable[Segment],
     r: Reassembler,
     st: CaptureStats,
 ) -> Iterator[Batch]:
     st.connections = r.connections
+    order = InOrder()
     for seg in segments:
         batches = r.feed_raw(seg)
-        if batches:
-            yield from batches
-    yield from r.close_raw()
+        if batches or order.held:
+            yield from order.release(batches, r.watermark())
+    yield from order.release(r.close_raw(), r.watermark())
     st.skipped["not memcached-binary TCP"] += r.skipped_segments
 
 
@@ -103,38 +144,58 @@ class Recorder:
         max_body: int = DEFAULT_MAX_BODY,
         stats: CaptureStats | None = None,
         reveal_secrets: bool = False,
+        hole_wait: int | None = None,
     ) -> None:
-        self.reassembler = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+        self.reassembler = Reassembler(
+            server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, hole_wait=hole_wait
+        )
         self.stats = stats if stats is not None else CaptureStats()
         self.stats.connections = self.reassembler.connections
         self._sessions = Sessions(self.stats.states, reveal_secrets)
+        self._order = InOrder()
         self.number = 0
         self._closed = False
 
-    def feed(self, segment: Segment) -> list[Record]:
-        """Take one segment; return the records it completed."""
-        return self._records(self.reassembler.feed_raw(segment))
+    def feed(self, segment: Segment, keys: tuple[list[int], list[int]] | None = None) -> list[Record]:
+        """Take one segment; return the records whose place in the capture's order is now final (``keys`` gets their ``k1``, ``k2``)."""
+        return self._records(self.reassembler.feed_raw(segment), keys)
+
+    def advance(self, pos: int, keys: tuple[list[int], list[int]] | None = None) -> list[Record]:
+        """The capture reached position ``pos`` (a packet this recorder was not fed): the records that makes final."""
+        return self._records(self.reassembler.give_up(pos), keys)
+
+    @property
+    def held(self) -> int:
+        """Batches of records waiting for their place (behind a hole still open)."""
+        return len(self._order.held)
 
     def expire(self, idle_before: int) -> list[Record]:
         """Close the connections silent since before ``idle_before`` (ns, capture time): the records they held."""
         return self._records(self.reassembler.expire(idle_before))
 
-    def close(self) -> list[Record]:
+    def close(self, keys: tuple[list[int], list[int]] | None = None) -> list[Record]:
         """End of input: the records still held (truncated frames, gaps)."""
         if self._closed:
             return []
         self._closed = True
-        out = self._records(self.reassembler.close_raw())
+        out = self._records(self.reassembler.close_raw(), keys)
         self.stats.skipped["not memcached-binary TCP"] += self.reassembler.skipped_segments
         return out
 
-    def _records(self, batches: list[Batch]) -> list[Record]:
+    def _records(self, batches: list[Batch], keys: tuple[list[int], list[int]] | None = None) -> list[Record]:
+        order = self._order
+        if not batches and not order.held:
+            return []
         out: list[Record] = []
-        for b in batches:
+        for b in order.release(batches, self.reassembler.watermark()):
             conn, d = b[0], b[1]
             label = conn.label
             file = b[6] or conn.file
             state = self._sessions.state(conn)
+            if keys is not None:
+                n = len(b[2])
+                keys[0].extend([b[7]] * n)
+                keys[1].extend(range(b[8], b[8] + n))
             for ev, ts_first, ts_last, p_first, p_last in expand(b):
                 self.number += 1
                 out.append(Record(self.number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context))
@@ -244,7 +305,7 @@ def iter_chunks(
     st = stats if stats is not None else CaptureStats()
     sessions = Sessions(st.states, reveal_secrets)
     chunk = RecordChunk(1)
-    for conn, d, evs, ts, packet, heads, file in _batches(segments, r, st):
+    for conn, d, evs, ts, packet, heads, file, _k1, _k2 in _batches(segments, r, st):
         base = len(chunk.events)
         chunk.events += evs
         chunk.context += sessions.contexts(conn, d, evs)

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from ..flows.records import gc_paused
 from ..protocol import spec
 from ..tables.schema import COLUMN_TYPES, FLOW_SCHEMA, FRAMES_DDL, ITEMS_SCHEMA, SCHEMA, SPARK_ARROW, SPARK_SCHEMA, TIMESTAMP_US
-from .numbering import DEFAULT_OPTIONS, KSHIFT, Keyed, Numbering, Options
+from .numbering import DEFAULT_OPTIONS, KSHIFT, CaptureEnd, Keyed, Numbering, Options
 from .session import filesystem
 
 __all__ = [
@@ -177,7 +177,7 @@ def _batch(chunks: list[list[pa.Array]], schema: pa.Schema) -> pa.RecordBatch:
 
 
 def frames_task(
-    batches: Iterable[pa.RecordBatch], paths: list[str], last: tuple[int, int], options: Options, numbering: Numbering
+    batches: Iterable[pa.RecordBatch], paths: list[str], last: CaptureEnd, options: Options, numbering: Numbering
 ) -> Iterator[pa.RecordBatch]:
     """Stage 3b in one task: segment metadata (in capture order) -> frames rows with their global numbers (Spark types)."""
     keyed = Keyed(batches, paths, last, options)
@@ -189,7 +189,7 @@ def frames_task(
         yield spark_batch(part.batch, frame=pa.array(numbering.frame_numbers(k1, k2)), conn_id=pa.array(conn))
 
 
-def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: tuple[int, int], options: Options = DEFAULT_OPTIONS) -> Any:
+def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: CaptureEnd, options: Options = DEFAULT_OPTIONS) -> Any:
     """Stage 3b over :func:`by_connection` output: the frames table with global numbers, Spark types."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,7 @@ __all__ = [
     "KEYS_SCHEMA",
     "KSHIFT",
     "WINDOW",
+    "CaptureEnd",
     "Counts",
     "Keyed",
     "Numbering",
@@ -70,6 +71,34 @@ _MASK = (1 << GPOS_SHIFT) - 1
 _SENTINEL = "0.0.0.0"  # the end-of-capture segment's endpoints (port 0: never a connection)
 
 
+class CaptureEnd(NamedTuple):
+    """Where the capture ends (``ts`` and stage 2's ``gpos`` of its last TCP segment) and where each file starts.
+
+    ``bases[i]`` is the number of packets in the files before file ``i``: a
+    segment's position in the capture, what numbers rows and times the
+    reassembler's holes (:attr:`~dcpinspect.flows.reassembly.Segment.pos`),
+    is ``bases[file] + packet``, as a single-process read of the files counts it.
+    """
+
+    ts: int
+    gpos: int
+    bases: tuple[int, ...] = ()
+
+    def base(self, file_index: int) -> int:
+        """The packets of the files before ``file_index``."""
+        return self.bases[file_index] if file_index < len(self.bases) else 0
+
+    @staticmethod
+    def file_bases(status: list[tuple[Any, ...]]) -> tuple[int, ...]:
+        """``bases`` from the per-file status rows (:data:`~dcpinspect.spark.stages.STATUS_DDL`: file index, ..., packets at 4)."""
+        packets = {int(r[0]): int(r[4] or 0) for r in status}
+        out, total = [], 0
+        for fi in range(max(packets, default=-1) + 1):
+            out.append(total)
+            total += packets.get(fi, 0)
+        return tuple(out)
+
+
 @dataclass(frozen=True)
 class Options:
     """What the decode takes besides the captures."""
@@ -80,6 +109,7 @@ class Options:
     reveal_secrets: bool = False
     rows: int = 65536
     json_check: bool = True
+    hole_wait: int | None = None  # packets a hole in a TCP stream is waited for (None: the reassembler's default)
 
 
 DEFAULT_OPTIONS = Options()
@@ -158,7 +188,7 @@ class TaskSegments:
     def __len__(self) -> int:
         return len(self.cols["gpos"])
 
-    def windows(self, paths: list[str], last: tuple[int, int]) -> Iterator[SegmentWindow]:
+    def windows(self, paths: list[str], last: CaptureEnd) -> Iterator[SegmentWindow]:
         """The segments as windows of one file and at most :data:`WINDOW` file bytes, payloads read; then the end of the capture."""
         c = self.cols
         n = len(self)
@@ -173,13 +203,13 @@ class TaskSegments:
                 reach = np.maximum.accumulate(poff[a0:b0] + plen[a0:b0])  # where the file's payloads so far end
                 while a < b0:
                     b = max(a + 1, int(np.searchsorted(reach[a - a0 :], int(poff[a]) + WINDOW, "right")) + a)
-                    yield self._window(paths, payloads, a, b)
+                    yield self._window(paths, payloads, a, b, last)
                     a = b
         finally:
             payloads.close()
         yield self._end(paths, last)
 
-    def _window(self, paths: list[str], payloads: Payloads, a: int, b: int) -> SegmentWindow:
+    def _window(self, paths: list[str], payloads: Payloads, a: int, b: int, last: CaptureEnd) -> SegmentWindow:
         c = self.cols
         f = int(c["file_index"][a])
         plen = c["plen"][a:b].astype(np.int64)
@@ -202,11 +232,12 @@ class TaskSegments:
             missing=c["missing"][a:b],
             addresses=self.addresses,
             end=int(c["poff"][b - 1] + plen[-1]),
+            base=last.base(f),
         )
 
-    def _end(self, paths: list[str], last: tuple[int, int]) -> SegmentWindow:
+    def _end(self, paths: list[str], last: CaptureEnd) -> SegmentWindow:
         """The capture's last segment, with no endpoints: where a read of the whole capture ends its connections."""
-        ts, gpos = last
+        ts, gpos = last.ts, last.gpos
         if _SENTINEL not in self.addresses:
             self.addresses.append(_SENTINEL)
         z = self.addresses.index(_SENTINEL)
@@ -231,6 +262,7 @@ class TaskSegments:
             missing=one * 0,
             addresses=self.addresses,
             end=0,
+            base=last.base(f),
         )
 
 
@@ -243,7 +275,7 @@ class Keyed:
     task (by its id in ``stats.connections``) to its ``ck``, ``labels`` to its label.
     """
 
-    def __init__(self, batches: Iterable[pa.RecordBatch], paths: list[str], last: tuple[int, int], options: Options) -> None:
+    def __init__(self, batches: Iterable[pa.RecordBatch], paths: list[str], last: CaptureEnd, options: Options) -> None:
         self.paths, self.last, self.options = paths, last, options
         self.segments = TaskSegments.of(batches)
         self.stats = CaptureStats()
@@ -266,6 +298,7 @@ class Keyed:
             reveal_secrets=o.reveal_secrets,
             json_check=o.json_check,
             known_at=self._known,
+            hole_wait=o.hole_wait,
         )
         self._connections()
 

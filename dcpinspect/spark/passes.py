@@ -33,7 +33,7 @@ from ..flows.records import gc_paused
 from ..tables.schema import FLOW_SCHEMA, ITEMS_SCHEMA, SPARK_SCHEMA
 from ..timeline.merge import ConnPart
 from .frametable import RENUMBER_DDL, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
-from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, Counts, Keyed, Numbering, Options, keys_batch, uncount
+from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, CaptureEnd, Counts, Keyed, Numbering, Options, keys_batch, uncount
 from .session import filesystem
 from .stages import by_connection
 from .timelines import Parts
@@ -46,7 +46,7 @@ _WRITTEN = {"frames": 3, "items": 5, "flow": 6}  # keys table kinds listing the 
 def keys_task(
     batches: Iterable[pa.RecordBatch],
     paths: list[str],
-    last: tuple[int, int],
+    last: CaptureEnd,
     options: Options,
     *,
     build: bool = False,
@@ -99,7 +99,7 @@ def keys_pass(
     data: Any,
     paths: list[str],
     *,
-    last: tuple[int, int],
+    last: CaptureEnd,
     options: Options = DEFAULT_OPTIONS,
     build: bool = False,
     max_items: int | None = None,
@@ -154,7 +154,7 @@ def timelines(
     paths: list[str],
     *,
     partitions: int,
-    last: tuple[int, int],
+    last: CaptureEnd,
     options: Options = DEFAULT_OPTIONS,
     max_items: int | None = None,
 ) -> Any:
@@ -167,7 +167,7 @@ def write_frames(
     paths: list[str],
     out_dir: str,
     *,
-    last: tuple[int, int],
+    last: CaptureEnd,
     options: Options = DEFAULT_OPTIONS,
     build: bool = False,
     max_items: int | None = None,

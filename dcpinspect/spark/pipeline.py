@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ..timeline.merge import ConnPart
 from .frametable import frames_numbered
-from .numbering import DEFAULT_OPTIONS, Numbering, Options
+from .numbering import DEFAULT_OPTIONS, CaptureEnd, Numbering, Options
 from .passes import collect_keys, keys_pass, write_frames
 from .session import expand_paths, files_frame
 from .stages import DEFAULT_SPLIT_SIZE, STATUS_DDL, STATUS_INPUT, by_connection, connection_sizes, segments, split, status_rows
@@ -102,9 +102,11 @@ class Pipeline:
             self._persisted = persist
         return self._data
 
-    def last(self) -> tuple[int, int]:
-        """Where the capture ends (ts, capture position of its last TCP segment): see :func:`capture_end`."""
-        return self._summary()[1][1]
+    def last(self) -> CaptureEnd:
+        """Where the capture ends (ts, capture position of its last TCP segment: see :func:`capture_end`) and where each file starts."""
+        summary = self._summary()
+        ts, gpos = summary[1][1]
+        return CaptureEnd(ts, gpos, CaptureEnd.file_bases(summary[0]))
 
     def keys(self, *, build: bool = False, max_items: int | None = None) -> tuple[Numbering, list[ConnPart]]:
         """Stage 3a, collected: the numbering (and with ``build`` the timeline part of each connection)."""

@@ -66,6 +66,7 @@ import pyarrow as pa
 
 from ..flows.reassembly import (
     ACK,
+    CLOSE_BASE,
     DEFAULT_SERVER_PORTS,
     FIN,
     RST,
@@ -93,9 +94,6 @@ if TYPE_CHECKING:
 __all__ = ["CLOSE_BASE", "DIRECTIONS", "PartArrays", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
 
 _MASK32 = 0xFFFFFFFF
-_GPOS_SHIFT = 40  # a packet's position in the capture: file index << 40 | packet number
-#: the ``k1`` of rows emitted at the end of the capture: ``CLOSE_BASE`` + the position their connection became known at
-CLOSE_BASE = 1 << 61
 _WINDOW = 16 << 20
 _CACHE_BYTES = 256 << 20  # captures up to this size are parsed once (their packet arrays kept between the passes) ...
 _CACHE_SEGMENTS = 1 << 21  # ... unless they hold more segments than this
@@ -338,8 +336,8 @@ class _Proof:
 
 
 def _gpos(w: SegmentWindow) -> np.ndarray:
-    """Each segment's position in the capture (file index, packet number)."""
-    return (np.int64(w.file_index) << _GPOS_SHIFT) | w.number
+    """Each segment's position in the capture (:attr:`~dcpinspect.flows.reassembly.Segment.pos`: the packets of the files before it plus its number)."""
+    return w.number + np.int64(w.base)
 
 
 # --------------------------------------------------------------------------- pass 2
@@ -429,6 +427,7 @@ class _Decode:
         reveal_secrets: bool,
         json_check: bool,
         rows: int,
+        hole_wait: int | None,
     ) -> None:
         self.proof = proof
         self.paths = paths
@@ -438,9 +437,16 @@ class _Decode:
         self.json_check = json_check
         self.rows = rows
         self.exact = Recorder(
-            server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, reveal_secrets=reveal_secrets
+            server_ports=server_ports,
+            detect=detect,
+            tls_ports=tls_ports,
+            max_body=max_body,
+            reveal_secrets=reveal_secrets,
+            hole_wait=hole_wait,
         )
         self.exact_seen = 0
+        self.held: _Table | None = None  # rows whose place is not final yet (an exact connection holds segments before them)
+        self._fi = 0  # the file index of the window being decoded
         self.exact_gid: dict[int, int] = {}  # the recorder's connection id -> the capture's
         self.sessions = Sessions({}, reveal_secrets)
         self.conns: dict[int, _Conn] = {}  # tuple -> its connection
@@ -465,13 +471,16 @@ class _Decode:
         simple = ~self.proof.bad.a[tid]
         rows = _Rows()
         self._k2 = {}
+        self._fi = fi
         adopted: list[tuple[int, int, Any]] = []  # (gpos, kind, what) of connections that became known
         self._exact(w, np.flatnonzero(~simple), gpos, rows, adopted)
         self._simple(w, np.flatnonzero(simple), tid, gpos, fi, rows, adopted)
         self.last = (int(w.ts[-1]), int(w.number[-1]), w.path)
         self.last_gpos = int(gpos[-1])
+        # holes of exact connections given up up to here; what they held waits no more than the watermark says
+        self._records(rows, self.exact.advance, self.last_gpos)
         self._adopt(adopted)
-        yield from self._emit(rows)
+        yield from self._emit(rows, self.exact.reassembler.watermark())
 
     def _exact(self, w: SegmentWindow, idx: np.ndarray, gpos: np.ndarray, rows: _Rows, adopted: list[tuple[int, int, Any]]) -> None:
         """Feed the segments of exact 4-tuples to the recorder; note the records and connections they made."""
@@ -483,12 +492,13 @@ class _Decode:
         data = w.data
         path = w.path
         out = rows.records
-        k1s: list[int] = []
-        k2s: list[int] = []
+        keys: tuple[list[int], list[int]] = ([], [])
+        n0 = len(out)
         cols = [a[idx].tolist() for a in (w.ts, w.src, w.sport, w.dst, w.dport, w.seq, w.flags, w.poff, w.plen, w.missing, w.number, gpos)]
         for ts, src, sport, dst, dport, seq, flags, poff, plen, missing, number, g in zip(*cols, strict=True):
             got = rec.feed(
-                Segment(ts, addrs[src], sport, addrs[dst], dport, seq, flags, bytes(data[poff : poff + plen]), missing, number, path)
+                Segment(ts, addrs[src], sport, addrs[dst], dport, seq, flags, bytes(data[poff : poff + plen]), missing, number, path, g),
+                keys,
             )
             if len(conns) > self.exact_seen:
                 for c in conns[self.exact_seen :]:
@@ -496,11 +506,20 @@ class _Decode:
                 self.exact_seen = len(conns)
             if got:
                 out += got
-                k1s += [g] * len(got)
-                k2s += range(len(got))
-        if k1s:
-            m = len(k1s)
-            rows.add(np.array(k1s, np.int64), np.array(k2s, np.int64), 2, np.arange(len(out) - m, len(out), dtype=np.int64))
+        self._keyed(rows, keys, n0)
+
+    def _records(self, rows: _Rows, take: Callable[..., list[Record]], *args: Any) -> None:
+        """The recorder's records from ``take(*args, keys)`` as rows, with their keys."""
+        keys: tuple[list[int], list[int]] = ([], [])
+        n0 = len(rows.records)
+        rows.records += take(*args, keys)
+        self._keyed(rows, keys, n0)
+
+    @staticmethod
+    def _keyed(rows: _Rows, keys: tuple[list[int], list[int]], n0: int) -> None:
+        if keys[0]:
+            m = len(keys[0])
+            rows.add(np.array(keys[0], np.int64), np.array(keys[1], np.int64), 2, np.arange(n0, n0 + m, dtype=np.int64))
 
     def _simple(
         self,
@@ -702,7 +721,7 @@ class _Decode:
         if evs:
             base = len(rows.events)
             k2 = self._k2_start(h, g)
-            file_i = int(g >> _GPOS_SHIFT)  # the file of the packet that ended it
+            file_i = self._fi  # the file of the packet that ended it (this window's)
             for ev, first, last in evs:
                 rows.events.append((ev, h, first, last, file_i))
             m = len(evs)
@@ -755,22 +774,40 @@ class _Decode:
                 self.by_gid[gid] = what
 
     # --- rows out -------------------------------------------------------------------
-    def _emit(self, rows: _Rows) -> Iterator[TablePart]:
-        """The rows of a window in the exact path's order, as record batches of at most ``self.rows`` rows."""
-        if not rows.k1:
+    def _emit(self, rows: _Rows, watermark: int) -> Iterator[TablePart]:
+        """The rows of a window in the exact path's order, as record batches of at most ``self.rows`` rows.
+
+        Rows at or above ``watermark`` (an exact connection still holds
+        segments from that position on, whose rows would go before them)
+        are held, with their bytes, until a later window passes them.
+        """
+        t = self.held
+        self.held = None
+        if rows.k1:
+            k1 = np.concatenate(rows.k1)
+            # the rows of one k1 were added in k2 order: a stable sort by k1 is the (k1, k2) order, and cheap on these few sorted runs
+            order = np.argsort(k1, kind="stable")
+            kind = np.concatenate(rows.kind)[order]
+            ref = np.concatenate(rows.ref)[order]
+            new = self._table(kind, ref, rows)
+            new.k1 = k1[order]
+            new.k2 = np.concatenate(rows.k2)[order]
+            new.ck = np.array([self.known_at.get(g, 0) for g in range(max(self.known_at, default=0) + 1)], np.int64)[new.gid]
+            if t is None:
+                t = new
+            else:
+                t = t.concat(new, self.labels)
+                order = np.lexsort((t.k2, t.k1))
+                if (np.diff(order) != 1).any():
+                    t = t.take(order)
+        if t is None:
             return
-        k1 = np.concatenate(rows.k1)
-        # the rows of one k1 were added in k2 order: a stable sort by k1 is the (k1, k2) order, and cheap on these few sorted runs
-        order = np.argsort(k1, kind="stable")
-        kind = np.concatenate(rows.kind)[order]
-        ref = np.concatenate(rows.ref)[order]
-        t = self._table(kind, ref, rows)
-        t.k1 = k1[order]
-        t.k2 = np.concatenate(rows.k2)[order]
-        t.ck = np.array([self.known_at.get(g, 0) for g in range(max(self.known_at, default=0) + 1)], np.int64)[t.gid]
-        n = len(kind)
-        for a in range(0, n, self.rows):
-            b = min(n, a + self.rows)
+        n = len(t.k1)
+        m = n if not n or int(t.k1[-1]) < watermark else int(np.searchsorted(t.k1, watermark, "left"))
+        if m < n:
+            self.held = t.take(np.arange(m, n), compact=True)
+        for a in range(0, m, self.rows):
+            b = min(m, a + self.rows)
             first = self.number + 1
             self.number += b - a
             yield TablePart(t, a, b, self.paths, first, self._batch)
@@ -923,8 +960,10 @@ class _Decode:
         if self.last is not None:
             ts, number, path = self.last
             # the recorder's end of capture is the capture's last segment, whichever 4-tuple it belonged to
-            self.exact.feed(Segment(ts, "0.0.0.0", 0, "0.0.0.0", 0, 0, 0, b"", 0, number, path))
-        recs = self.exact.close()
+            sentinel = Segment(ts, "0.0.0.0", 0, "0.0.0.0", 0, 0, 0, b"", 0, number, path, self.last_gpos)
+            self._records(rows, self.exact.feed, sentinel)
+        keys: tuple[list[int], list[int]] = ([], [])
+        recs = self.exact.close(keys)
         conns = self.exact.reassembler.connections
         end = self.last_gpos
         adopted: list[tuple[int, int, Any]] = [(end, 1, c) for c in conns[self.exact_seen :]]
@@ -933,7 +972,17 @@ class _Decode:
         k1: list[int] = []
         kind: list[int] = []
         ref: list[int] = []
-        for r in recs:
+        placed: tuple[list[int], list[int]] = ([], [])
+        n0 = len(rows.records)
+        for r, rk1, rk2 in zip(recs, *keys, strict=True):
+            if rk1 < CLOSE_BASE:  # held behind a hole given up at the end: its own place
+                rows.records.append(r)
+                placed[0].append(rk1)
+                placed[1].append(rk2)
+        self._keyed(rows, placed, n0)
+        for r, rk1 in zip(recs, keys[0], strict=True):
+            if rk1 < CLOSE_BASE:
+                continue
             rows.records.append(r)
             k1.append(CLOSE_BASE + self.known_at.get(self.exact_gid.get(r.conn, 0), 0))
             kind.append(2)
@@ -962,7 +1011,8 @@ class _Decode:
             rows.add(k1a, k2a, 0, np.zeros(0, np.int64))
             rows.kind[-1] = np.array(kind, np.int8)
             rows.ref[-1] = np.array(ref, np.int64)
-        yield from self._emit(rows)
+        yield from self._emit(rows, CLOSE_BASE << 1)
+        assert self.held is None
         self._stats()
 
     def _stats(self) -> None:
@@ -1071,6 +1121,65 @@ class _Table:
         self.joined = b""
         self.k1 = self.k2 = self.ck = np.zeros(0, np.int64)
         self.labels = pa.array([], pa.string())  # connection id -> label
+
+    _ARRAYS = (
+        "gid",
+        "dir",
+        "file",
+        "ts",
+        "ts_first",
+        "packet",
+        "packet_first",
+        "is_frame",
+        "start",
+        "length",
+        "offset",
+        "ctx",
+        "k1",
+        "k2",
+        "ck",
+    )
+
+    def take(self, idx: np.ndarray, *, compact: bool = False) -> _Table:
+        """Rows ``idx``, in that order (``compact``: with only their own bytes and contexts, to be kept for long)."""
+        u = _Table(0)
+        for name in self._ARRAYS:
+            setattr(u, name, getattr(self, name)[idx])
+        if self.events:
+            at = {i: j for j, i in enumerate(idx.tolist())}
+            u.events = {at[i]: ev for i, ev in self.events.items() if i in at}
+        u.labels, u.contexts, u.joined = self.labels, self.contexts, self.joined
+        if compact:
+            framed = np.flatnonzero(u.is_frame)
+            starts, lengths = u.start[framed].tolist(), u.length[framed].tolist()
+            joined = self.joined
+            u.joined = b"".join([joined[a : a + n] for a, n in zip(starts, lengths, strict=True)])
+            u.start = np.zeros(len(idx), np.int64)
+            if len(framed):
+                u.start[framed[1:]] = np.cumsum(u.length[framed])[:-1]
+            codes, u.ctx = np.unique(u.ctx, return_inverse=True)
+            u.ctx = u.ctx.astype(np.int64)
+            u.contexts = [self.contexts[c] for c in codes.tolist()]
+        return u
+
+    def concat(self, other: _Table, labels: dict[int, str]) -> _Table:
+        """These rows, then ``other``'s (``labels``: every connection's, by id)."""
+        u = _Table(0)
+        n = len(self.gid)
+        for name in self._ARRAYS:
+            setattr(u, name, np.concatenate((getattr(self, name), getattr(other, name))))
+        u.start[n:] += len(self.joined)
+        u.ctx[n:] += len(self.contexts)
+        u.contexts = self.contexts + other.contexts
+        u.events = dict(self.events)
+        u.events.update({i + n: ev for i, ev in other.events.items()})
+        u.joined = self.joined + other.joined
+        ids = np.unique(u.gid).tolist()
+        names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
+        for g in ids:
+            names[g] = labels[g]
+        u.labels = pa.array(names, pa.string())
+        return u
 
     def frame(self, i: int) -> Frame:
         """Row ``i``'s frame (an mcbp frame row)."""
@@ -1226,6 +1335,7 @@ def read_parts(
     json_check: bool = True,
     progress: Callable[[str, int], None] | None = None,
     window: int = _WINDOW,
+    hole_wait: int | None = None,
 ) -> Iterator[TablePart]:
     """The frames table of capture files (read in order, as one capture) in parts of at most ``rows`` rows.
 
@@ -1233,7 +1343,8 @@ def read_parts(
     skipped packets, connections, what each negotiated); ``json_check=False``
     leaves values flagged JSON unchecked (the ``json_check`` column says
     ``not checked``); ``progress(path, offset)`` is called as the files are
-    read.  Unreadable files are reported in ``stats.files``, never raised.
+    read; ``hole_wait`` is how many packets a hole in a TCP stream is waited
+    for (:class:`~dcpinspect.flows.reassembly.Reassembler`).  Unreadable files are reported in ``stats.files``, never raised.
     """
     import os
 
@@ -1279,6 +1390,7 @@ def read_parts(
         max_body=max_body,
         reveal_secrets=reveal_secrets,
         json_check=json_check,
+        hole_wait=hole_wait,
     )
 
 
@@ -1295,6 +1407,7 @@ def decode_windows(
     reveal_secrets: bool = False,
     json_check: bool = True,
     known_at: dict[int, int] | None = None,
+    hole_wait: int | None = None,
 ) -> Iterator[TablePart]:
     """The frames table of the TCP segments ``windows(first)`` gives (twice: ``first`` is True for the proof's pass).
 
@@ -1321,6 +1434,7 @@ def decode_windows(
         reveal_secrets=reveal_secrets,
         json_check=json_check,
         rows=rows,
+        hole_wait=hole_wait,
     )
 
     def made() -> Iterator[TablePart]:

@@ -119,6 +119,7 @@ class SegmentWindow:
     missing: np.ndarray  # int64 (as Segment.missing)
     addresses: list[str]  # shared by all windows of one call (only grows)
     end: int  # file offset reached (for progress)
+    base: int = 0  # the packets of the files before this one: a segment's position in the capture is base + number
 
 
 class _Records(NamedTuple):
@@ -706,7 +707,7 @@ def _info(reader: CaptureReader, info: dict[str, Any]) -> None:
 
 
 def _window(file_index: int, path: str, data: Any, mapped: bool, cols: dict[str, np.ndarray], names: _Names, end: int) -> SegmentWindow:
-    return SegmentWindow(file_index, path, data, mapped, **cols, addresses=names.addresses, end=end)
+    return SegmentWindow(file_index, path, data, mapped, **cols, addresses=names.addresses, end=end, base=0)
 
 
 def _reader_windows(
@@ -765,6 +766,7 @@ def segment_windows(
     ``stats.skipped`` reasons; ``progress(path, offset)`` at least once per window.
     """
     names = _Names()
+    base = 0
     for file_index, p in enumerate(paths):
         path = str(p)
         reader = CaptureReader(path)
@@ -773,7 +775,9 @@ def segment_windows(
         try:
             data = _map(path)
             if data is None:
-                yield from _reader_windows(file_index, reader, stats, names, window, progress)
+                for w in _reader_windows(file_index, reader, stats, names, window, progress):
+                    w.base = base
+                    yield w
             else:
                 reader.size = len(data)
                 walk = _Walk(path, reader)
@@ -786,11 +790,14 @@ def segment_windows(
                     cols = _segments(walk.u8, 0, rec, path, stats.skipped, names)
                     if progress is not None:
                         progress(path, walk.pos)
-                    yield _window(file_index, path, data, True, cols, names, walk.pos)
+                    w = _window(file_index, path, data, True, cols, names, walk.pos)
+                    w.base = base
+                    yield w
                     dropped = forget_pages(data, dropped, walk.pos)
         except CaptureError as exc:
             info["error"] = str(exc)
         _info(reader, info)
+        base += reader.packets
 
 
 def forget_pages(data: Any, start: int, end: int) -> int:

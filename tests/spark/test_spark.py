@@ -20,11 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from paths import CAPTURES
-from pcapfactory import Conn, Msg, write_bad_files, write_capture, write_hostile_headers
+from pcapfactory import Conn, Msg, rotate, write_bad_files, write_capture, write_hostile_headers
 
 from dcpinspect import encode
 from dcpinspect.capture.read import read_records
 from dcpinspect.cli.main import main as cli_main
+from dcpinspect.flows import reassembly
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.timeline import timeline_frames
@@ -37,11 +38,11 @@ if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
 from dcpinspect.spark import frametable, numbering
 from dcpinspect.spark.analysis import TIMELINE_TABLES, analyze, arrow_for_spark
 from dcpinspect.spark.frametable import renumber_task, spark_batch
-from dcpinspect.spark.numbering import KSHIFT, Numbering, Options
+from dcpinspect.spark.numbering import KSHIFT, CaptureEnd, Numbering, Options
 from dcpinspect.spark.passes import keys_task, read_keys
 from dcpinspect.spark.pipeline import Pipeline, register_data_source
 from dcpinspect.spark.session import expand_paths
-from dcpinspect.spark.stages import SEG_INPUT, range_segments, split_file
+from dcpinspect.spark.stages import SEG_INPUT, range_segments, split_file, status_rows
 from dcpinspect.tables.schema import SPARK_SCHEMA
 
 pytestmark = pytest.mark.spark
@@ -98,8 +99,8 @@ def reference(paths: list[str]) -> tuple[list[dict[str, Any]], CaptureStats]:
     return (ref.to_pylist() if ref is not None else []), st
 
 
-def check(spark: Any, paths: list[str], *, split_size: int, partitions: int) -> Pipeline:
-    p = Pipeline(spark, paths, split_size=split_size, partitions=partitions)
+def check(spark: Any, paths: list[str], *, split_size: int, partitions: int, options: Options | None = None) -> Pipeline:
+    p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, **({"options": options} if options else {}))
     got = p.frames().orderBy("frame").toArrow().to_pylist()
     want, st = reference(expand_paths(paths))
     assert len(got) == len(want)
@@ -245,26 +246,17 @@ def test_big_file_many_ranges(spark: Any, tmp_path: Path, fmt: str, split_size: 
     check(spark, [str(w.path)], split_size=split_size, partitions=partitions).unpersist()
 
 
-def _rotate(path: Path, parts: int) -> list[str]:
-    """Cut a pcap into ``parts`` files at record boundaries, as tcpdump -C does."""
-    data = path.read_bytes()
-    head, pos, offsets = data[:24], 24, []
-    while pos < len(data):
-        offsets.append(pos)
-        pos += 16 + struct.unpack_from("<I", data, pos + 8)[0]
-    cuts = [offsets[len(offsets) * i // parts] for i in range(parts)] + [len(data)]
-    out = []
-    for i in range(parts):
-        q = path.with_name(f"{path.stem}.{i}.pcap")
-        q.write_bytes((head if i else b"") + data[cuts[i] if i else 0 : cuts[i + 1]])
-        out.append(str(q))
-    return out
-
-
 def test_rotated_captures_join_up(spark: Any, tmp_path: Path) -> None:
     w = write_capture(tmp_path / "rot.pcap", conns(3), mss=400)
-    files = _rotate(w.path, 3)
+    files = rotate(w.path, 3)
     check(spark, files, split_size=1500, partitions=2).unpersist()
+
+
+def test_holes_given_up_part_way_over_rotated_files(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holes waited for two packets only: Spark's tasks place the rows after them as the single process does."""
+    monkeypatch.setattr(reassembly, "MAX_HOLE_WAIT", 2)  # the single-process reference (the tasks get it as an option)
+    w = write_capture(tmp_path / "holes.pcap", conns(3), mss=300, drop=[4, 17, 30], reorder=[9])
+    check(spark, rotate(w.path, 3), split_size=1500, partitions=2, options=Options(hole_wait=2)).unpersist()
 
 
 def test_bad_files_are_reported_and_never_fail_the_job(spark: Any, tmp_path: Path) -> None:
@@ -373,16 +365,17 @@ print("ANALYZE", res["frames"], res["streams"])
     assert len(want["stalls"]) == 0  # the case Connect could not infer a schema for (written, readable, empty)
 
 
-def _in_process(paths: list[str]) -> tuple[pa.Table, tuple[int, int]]:
+def _in_process(paths: list[str]) -> tuple[pa.Table, CaptureEnd]:
     """The segment metadata of ``paths`` by connection, in capture order, and the capture end - as by_connection gives a task."""
     import pyarrow.compute as pc
 
     tables = []
     for fi, path in enumerate(paths):
         tables += [range_segments(fi, path, i, *r) for i, r in enumerate(split_file(path, 1 << 30))]
-    segs = pa.Table.from_batches(tables)
-    segs = segs.filter(pc.equal(segs["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
-    last = (int(segs["ts"][pc.index(segs["gpos"], pc.max(segs["gpos"])).as_py()].as_py()), int(pc.max(segs["gpos"]).as_py()))
+    every = pa.Table.from_batches(tables)
+    segs = every.filter(pc.equal(every["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
+    top = pc.max(segs["gpos"]).as_py()
+    last = CaptureEnd(int(segs["ts"][pc.index(segs["gpos"], top).as_py()].as_py()), int(top), CaptureEnd.file_bases(status_rows(every)))
     return segs.select(list(SEG_INPUT)), last
 
 

@@ -20,17 +20,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from paths import CAPTURES, THIRD_PARTY
-from pcapfactory import Conn, Msg, write_bad_files, write_capture, write_hostile_headers
+from pcapfactory import Conn, Msg, rotate, write_bad_files, write_capture, write_hostile_headers
 
 from dcpinspect import encode
 from dcpinspect.capture.packets import locate_segment
 from dcpinspect.capture.pcapfile import CaptureError, CaptureRange, CaptureReader, read_range
+from dcpinspect.flows import reassembly
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.spark import numbering
 from dcpinspect.spark.frametable import frames_task, spark_batch
-from dcpinspect.spark.numbering import Options
+from dcpinspect.spark.numbering import CaptureEnd, Options
 from dcpinspect.spark.passes import keys_task, read_keys
-from dcpinspect.spark.stages import GPOS_SHIFT, SEG_INPUT, range_segments, split_file
+from dcpinspect.spark.stages import GPOS_SHIFT, SEG_INPUT, range_segments, split_file, status_rows
 from dcpinspect.tables.columnar import decode_windows
 from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.packets_vector import segment_windows
@@ -146,23 +147,24 @@ def _conns(k: int, n: int = 20) -> list[Conn]:
     return out
 
 
-def task_data(paths: list[str], tasks: int) -> tuple[list[pa.Table], tuple[int, int]]:
+def task_data(paths: list[str], tasks: int) -> tuple[list[pa.Table], CaptureEnd]:
     """The segment metadata of ``paths`` dealt to ``tasks`` tasks by connection, each in capture order, and the capture's end."""
-    segs = pa.Table.from_batches([range_segments(fi, p, i, *r) for fi, p in enumerate(paths) for i, r in enumerate(split_file(p, 4096))])
-    segs = segs.filter(pc.equal(segs["kind"], 0))
-    last = (0, 0)
+    every = pa.Table.from_batches([range_segments(fi, p, i, *r) for fi, p in enumerate(paths) for i, r in enumerate(split_file(p, 4096))])
+    bases = CaptureEnd.file_bases(status_rows(every))
+    segs = every.filter(pc.equal(every["kind"], 0))
+    last = CaptureEnd(0, 0, bases)
     if segs.num_rows:
         i = pc.index(segs["gpos"], pc.max(segs["gpos"])).as_py()
-        last = (int(segs["ts"][i].as_py()), int(segs["gpos"][i].as_py()))
+        last = CaptureEnd(int(segs["ts"][i].as_py()), int(segs["gpos"][i].as_py()), bases)
     keys = sorted(set(segs["ckey"].to_pylist()))
     deal = pa.array([keys.index(k) % tasks for k in segs["ckey"].to_pylist()], pa.int32())
     return [segs.filter(pc.equal(deal, t)).sort_by("gpos").select(list(SEG_INPUT)) for t in range(tasks)], last
 
 
-def check_tasks(paths: list[str], tasks: int, rows: int = 65536) -> int:
+def check_tasks(paths: list[str], tasks: int, rows: int = 65536, hole_wait: int | None = None) -> int:
     """keys_task then frames_task over ``tasks`` tasks give the single-process table; its rows."""
     data, last = task_data(paths, tasks)
-    o = Options(rows=rows)
+    o = Options(rows=rows, hole_wait=hole_wait)
     keys = pa.Table.from_batches([b for d in data for b in keys_task(d.to_batches(max_chunksize=50), paths, last, o)])
     num = read_keys(keys)[0]
     got = [b for d in data for b in frames_task(d.to_batches(max_chunksize=50), paths, last, o, num)]
@@ -180,6 +182,16 @@ def test_tasks_number_as_the_single_process_table(tmp_path: Path, tasks: int) ->
     w = write_capture(tmp_path / "c.pcap", _conns(5), mss=300, reorder=[5, 30], drop=[12], duplicate=[20], non_tcp=2)
     assert check_tasks([str(w.path)], tasks) > 100
     assert check_tasks(SHIPPED, tasks) > 100
+
+
+@pytest.mark.parametrize("hole_wait", [1, 3, 40])
+def test_tasks_place_rows_after_holes_as_the_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hole_wait: int) -> None:
+    """Holes given up part-way (a few packets after they opened), over rotated files: each task places its rows as one process does."""
+    monkeypatch.setattr(reassembly, "MAX_HOLE_WAIT", hole_wait)  # the single-process reference
+    w = write_capture(tmp_path / "c.pcap", _conns(4), mss=200, reorder=[14, 25], drop=[5, 18, 30], duplicate=[20])
+    files = rotate(w.path, 3)
+    for tasks in (1, 2, 3):
+        assert check_tasks(files, tasks, rows=11, hole_wait=hole_wait) > 80
 
 
 def test_a_connection_with_no_rows_keeps_its_id(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ connections and what each negotiated must all be equal.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -24,64 +23,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from paths import CAPTURES, THIRD_PARTY
 from pcapfactory import LINKTYPES, Conn, Msg, write_capture
+from readcheck import assert_same_read
 
 from dcpinspect import encode
-from dcpinspect.capture.read import read_chunks
-from dcpinspect.flows.records import CaptureStats
 from dcpinspect.protocol.enums import Datatype, Feature
 from dcpinspect.tables.columnar import frame_walk, read_batches
-from dcpinspect.tables.frames_vector import SCHEMA, record_batches
+from dcpinspect.tables.frames_vector import SCHEMA
 from dcpinspect.wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, plausible_header
 
 SHIPPED = sorted(CAPTURES.glob("*.pcap"))
 THIRD = sorted(THIRD_PARTY.glob("*.pcap*"))
-
-
-def _conns(stats: CaptureStats) -> list[tuple[Any, ...]]:
-    return [
-        (
-            c.id,
-            c.label,
-            c.file,
-            c.last_file,
-            c.packets,
-            c.closed,
-            c.role_source,
-            c.tls,
-            c.syn_seen,
-            c.first_ts,
-            c.last_ts,
-            c.lost,
-            {d: (h.bytes, h.segments, h.lost, h.conflicts, h.after_close) for d, h in c.halves.items()},
-        )
-        for c in stats.connections
-    ]
-
-
-def _states(stats: CaptureStats) -> dict[int, Any]:
-    return {k: (v.context, v.features, v.open_flags, v.open_name, v.controls, v.bucket, v.sasl_mechanism) for k, v in stats.states.items()}
-
-
-def assert_same_read(paths: list[str], **options: Any) -> pa.Table:
-    """Both paths over ``paths``: equal tables and equal statistics; the columnar table."""
-    window = options.pop("window", None)
-    s1, s2 = CaptureStats(), CaptureStats()
-    exact = pa.Table.from_batches(list(record_batches(read_chunks(paths, stats=s1, **options))), schema=SCHEMA)
-    more = {"window": window} if window else {}
-    got = pa.Table.from_batches(list(read_batches(paths, stats=s2, **options, **more)), schema=SCHEMA)
-    assert got.num_rows == exact.num_rows, (got.num_rows, exact.num_rows)
-    for name in exact.column_names:
-        a, b = exact.column(name).to_pylist(), got.column(name).to_pylist()
-        if a != b:
-            i = next(i for i in range(len(a)) if a[i] != b[i])
-            raise AssertionError(f"column {name!r} differs at row {i}: exact {a[i]!r}, columnar {b[i]!r}")
-    assert s2.files == s1.files
-    assert s2.skipped == s1.skipped
-    assert s2.packets == s1.packets
-    assert s2.records == s1.records
-    assert _conns(s2) == _conns(s1)
-    assert _states(s2) == _states(s1)
-    return got
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)

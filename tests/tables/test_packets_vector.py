@@ -47,11 +47,11 @@ WINDOWS = (32 << 20, 1, 200, 4096)
 # --------------------------------------------------------------------------- comparing
 
 
-def rebuilt(windows: list[SegmentWindow], start: int = 0) -> list[Segment]:
-    """The windows' segments as flows.reassembly.Segment (``start``: the file offset of ``data[0]`` when poff are file offsets)."""
+def rebuilt(windows: list[SegmentWindow], start: int | None = None) -> list[Segment]:
+    """The windows' segments as flows.reassembly.Segment (``start``: the file offset of ``data[0]`` of a range's window, whose segments have no position)."""
     out = []
     for w in windows:
-        shift = start if not w.mapped else 0
+        shift = start if start is not None and not w.mapped else 0
         for k in range(len(w.number)):
             a = int(w.poff[k]) - shift
             payload = bytes(w.data[a : a + int(w.plen[k])])
@@ -68,6 +68,7 @@ def rebuilt(windows: list[SegmentWindow], start: int = 0) -> list[Segment]:
                     int(w.missing[k]),
                     int(w.number[k]),
                     w.path,
+                    int(w.base) + int(w.number[k]) if start is None else 0,
                 )
             )
     return out
