@@ -288,6 +288,14 @@ class HalfStream:
             heappop(held)
         return None
 
+    def give_up_older(self, ts_before: int, out: list[Emitted]) -> None:
+        """Give up holes until no segment held behind one was captured before ``ts_before`` (ns; a live source's clock)."""
+        old = [seq for seq, p in self.pending.items() if p[2] < ts_before]
+        if old:
+            last = max(old)
+            while self._order and self._order[0] <= last:
+                self._skip_hole(out)
+
     def give_up(self, before: int, out: list[Emitted]) -> None:
         """Give up holes until no segment held behind one arrived at or before position ``before``."""
         while self.pending:

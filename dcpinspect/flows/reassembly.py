@@ -419,6 +419,25 @@ class Reassembler:
                 self._schedule(conn, d, half)
         return out
 
+    def give_up_older(self, ts_before: int) -> list[Batch]:
+        """Give up every hole behind which a segment captured before ``ts_before`` (ns) is held.
+
+        For a live source, whose packets may come slowly: there a hole
+        (a packet the capture dropped) should not hold every other
+        connection's records back for :attr:`hole_wait` packets.  Unlike
+        :meth:`give_up` it depends on when it is called, so a capture file
+        read later may place those rows a little differently.
+        """
+        out: list[Batch] = []
+        for _dl, _t, conn, d, half in list(self._holes):
+            if half.closed or not half.pending:
+                continue
+            raw: list[Emitted] = []
+            half.give_up_older(ts_before, raw)
+            if raw:
+                out += self._placed(conn, d, raw)
+        return out
+
     def watermark(self) -> int:
         """No event emitted from now on has a ``k1`` below this: the oldest position held behind a hole (a huge number if none)."""
         holes = self._holes

@@ -164,6 +164,10 @@ class Recorder:
         """The capture reached position ``pos`` (a packet this recorder was not fed): the records that makes final."""
         return self._records(self.reassembler.give_up(pos), keys)
 
+    def give_up_older(self, ts_before: int) -> list[Record]:
+        """A live source: give up the holes held since before ``ts_before`` (ns, capture time); the records that makes final."""
+        return self._records(self.reassembler.give_up_older(ts_before))
+
     @property
     def held(self) -> int:
         """Batches of records waiting for their place (behind a hole still open)."""

@@ -39,7 +39,7 @@ from ..flows.reassembly import FIN, RST, SYN, Segment
 from ..flows.records import CaptureStats, Record, Recorder
 from .tap import KEEP_CLOSED, SecretMasker, StatePruner
 
-__all__ = ["IDLE_TIMEOUT", "SniffPermissionError", "Sniffer"]
+__all__ = ["HOLE_TIMEOUT", "IDLE_TIMEOUT", "SniffPermissionError", "Sniffer"]
 
 _PACKET_OUTGOING = 4
 _SO_RCVBUFFORCE = 33
@@ -58,6 +58,8 @@ HOLD_NS = 2_000_000_000
 #: flows (one direction of a connection) tracked for masking (the oldest gives up beyond)
 MAX_FLOWS = 10_000
 IDLE_TIMEOUT = 600.0  # seconds of silence after which a connection is taken as gone (its FIN/RST not seen)
+#: seconds of capture time a hole (a packet the kernel dropped) is waited for: meanwhile every connection's records wait
+HOLE_TIMEOUT = 5.0
 EXPIRY_CHECK = 10_000_000_000  # ns of capture time between looks for such connections
 
 
@@ -367,9 +369,11 @@ class Sniffer:
         keep_secrets: bool = False,
         label: str | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
+        hole_timeout: float = HOLE_TIMEOUT,
     ) -> None:
         self.iface = iface
         self.idle_ns = int(idle_timeout * 1e9)  # a connection silent this long (capture time) is closed: its FIN/RST was missed
+        self.hole_ns = int(hole_timeout * 1e9)  # a hole waited for this long (capture time) is given up
         self._next_expiry: int | None = None
         self.ports = frozenset(ports)
         self.pcap = pcap
@@ -436,9 +440,10 @@ class Sniffer:
                 self._prune()
             if self._next_expiry is None or ts >= self._next_expiry:  # now and then, by the packets' own clock
                 if self._next_expiry is not None:
+                    self._emit(self.recorder.give_up_older(ts - self.hole_ns))
                     self._emit(self.recorder.expire(ts - self.idle_ns))
                     self._prune()
-                self._next_expiry = ts + min(self.idle_ns, EXPIRY_CHECK)
+                self._next_expiry = ts + min(self.idle_ns, EXPIRY_CHECK, self.hole_ns)
             if self.count and self.segments >= self.count:
                 self.done.set()
             if self._waiters:

@@ -510,3 +510,27 @@ def test_a_connection_that_vanished_without_fin_is_expired_by_capture_time() -> 
     assert [r.event.type for r in got] == ["truncated"]  # the first connection's held bytes, reported
     assert [c.closed for c in sn.recorder.reassembler.connections][:1] == [True]
     assert all(40000 not in (a[1], b[1]) for a, b in sn.recorder.reassembler._live)  # only the new connection is live
+
+
+def test_a_packet_the_kernel_dropped_holds_records_back_for_hole_timeout_only() -> None:
+    """A hole (a lost packet) makes later records wait for their place; the sniffer gives it up after ``hole_timeout``."""
+    from dcpinspect.live.sniff import Sniffer
+    from dcpinspect.wire.events import Gap
+
+    got: list[Record] = []
+    sn = Sniffer(ports=(11210,), on_record=got.append, hole_timeout=2)
+    sn.linktype = 1
+    a, b = encode("NOOP", opaque=1), encode("NOOP", opaque=2)
+    sn._packet(_Pkt(_raw(ISN, flags=0x02), 1000.0))
+    sn._packet(_Pkt(_raw(ISN + 1, a), 1000.1))
+    sn._packet(_Pkt(_raw(ISN + 1 + len(a) + len(b), a), 1000.2))  # b never captured: a hole
+    other = _raw(1, flags=0x02)
+    sn._packet(_Pkt(other[:34] + struct.pack(">H", 40001) + other[36:], 1000.3))  # another connection opens
+    frame = _raw(2, b)
+    sn._packet(_Pkt(frame[:34] + struct.pack(">H", 40001) + frame[36:], 1000.4))  # ... and completes a frame
+    assert [r.event.opaque for r in got] == [1]  # that frame waits for its place behind the hole
+    sn._packet(_Pkt(_raw(ISN + 1 + 2 * len(a) + len(b), b""), 1003.0))  # capture time goes on past the hole timeout
+    assert [type(r.event).__name__ for r in got] == ["Frame", "Gap", "Frame", "Frame"]
+    assert [r.conn for r in got] == [1, 1, 1, 2]  # in their places: the gap and the frame behind it first
+    assert [r.number for r in got] == [1, 2, 3, 4]
+    assert isinstance(got[1].event, Gap) and got[1].event.length == len(b)
