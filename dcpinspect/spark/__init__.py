@@ -9,10 +9,15 @@ stage is a function from DataFrame to DataFrame:
    is read as a capture of its own.
 2. :func:`~dcpinspect.spark.stages.segments`: the TCP segments of each range
    (:func:`~dcpinspect.tables.packets_vector.range_window`: the headers parsed
-   with numpy, as the single-process path does) as small metadata rows:
-   capture position (file index << 40 | packet number), time, endpoints,
-   sequence number, flags, and the payload's offset and length in its file -
-   not the payload.  Per-range status rows travel along.
+   with numpy, as the single-process path does) as metadata: capture
+   position (file index << 40 | packet number), time, endpoints, sequence
+   number, flags, and the payload's offset and length in its file - not the
+   payload.  Spark moves one row per connection and range, its segments
+   packed in a binary column (:func:`~dcpinspect.spark.stages.range_packed`),
+   not a row per segment: persisting and shuffling rows cost more than
+   reading the segments.  Per-range status rows travel along; their packet
+   counts give each file's first position in the capture (the files read as
+   one), which numbers rows and times holes as a single process does.
 3. :func:`~dcpinspect.spark.stages.by_connection`: shuffle by connection
    (spread by size), sort by capture position.  Then each task reads the
    payload bytes straight from the files (``pyarrow.fs``, so cluster storage

@@ -42,7 +42,7 @@ from ..flows.records import CaptureStats
 from ..tables.columnar import CLOSE_BASE, TablePart, decode_windows
 from ..tables.packets_vector import SegmentWindow
 from .session import filesystem
-from .stages import GPOS_SHIFT, SEG_INPUT
+from .stages import GPOS_SHIFT, PACKED, PACKED_INPUT, SEG_INPUT
 
 __all__ = [
     "CLOSE_BASE",
@@ -169,18 +169,38 @@ class TaskSegments:
 
     @classmethod
     def of(cls, batches: Iterable[pa.RecordBatch]) -> TaskSegments:
-        """Read Spark's input batches (once)."""
+        """Read Spark's input batches (once): rows of :data:`~dcpinspect.spark.stages.PACKED_INPUT`, a connection's segments of one range each."""
         bs = [b for b in batches if b.num_rows]
         if not bs:
             return cls({k: np.zeros(0, np.int64) for k in SEG_INPUT}, [])
-        t = pa.Table.from_batches(bs).select(list(SEG_INPUT))
-        cols = {k: t.column(k).to_numpy() for k in SEG_INPUT if k not in ("src", "dst")}
+        t = pa.Table.from_batches(bs).select(list(PACKED_INPUT))
+        blobs = t.column("blob").to_pylist()
+        rec = np.frombuffer(b"".join(blobs), PACKED)
+        per_row = np.array([len(x) // PACKED.itemsize for x in blobs], np.int64)
+        row = np.repeat(np.arange(t.num_rows), per_row)
         both = pa.concat_arrays([*t.column("src").chunks, *t.column("dst").chunks]).dictionary_encode()
         idx = both.indices.to_numpy(zero_copy_only=False).astype(np.int32)
         n = t.num_rows
-        cols["src"], cols["dst"] = idx[:n], idx[n:]
+        lo, hi = idx[:n][row], idx[n:][row]
+        lo_port = t.column("sport").to_numpy().astype(np.int64)[row]
+        hi_port = t.column("dport").to_numpy().astype(np.int64)[row]
+        swap = rec["swap"].astype(bool)
+        cols = {
+            "file_index": t.column("file_index").to_numpy()[row],
+            "gpos": rec["gpos"].copy(),
+            "ts": rec["ts"].copy(),
+            "src": np.where(swap, hi, lo),
+            "sport": np.where(swap, hi_port, lo_port),
+            "dst": np.where(swap, lo, hi),
+            "dport": np.where(swap, lo_port, hi_port),
+            "seq": rec["seq"].copy(),
+            "flags": rec["flags"].astype(np.int64),
+            "poff": rec["poff"].copy(),
+            "plen": rec["plen"].astype(np.int64),
+            "missing": rec["missing"].copy(),
+        }
         g = cols["gpos"]
-        if n > 1 and bool((g[1:] < g[:-1]).any()):  # by_connection sorts them; anything else is put in capture order
+        if len(g) > 1 and bool((g[1:] < g[:-1]).any()):  # the connections of a task interleave: put them in capture order
             order = np.argsort(g, kind="stable")
             cols = {k: v[order] for k, v in cols.items()}
         return cls(cols, both.dictionary.to_pylist())

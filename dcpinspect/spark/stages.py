@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..capture.packets import locate_segment
 from ..capture.pcapfile import CaptureError, CaptureRange, CaptureReader, read_range, split_ranges, time_problem
@@ -28,6 +29,10 @@ from .session import filesystem
 __all__ = [
     "DEFAULT_SPLIT_SIZE",
     "GPOS_SHIFT",
+    "PACKED",
+    "PACKED_DDL",
+    "PACKED_INPUT",
+    "PACKED_SCHEMA",
     "RANGE_DDL",
     "SEG_DDL",
     "SEG_INPUT",
@@ -39,6 +44,7 @@ __all__ = [
     "capture_end",
     "connection_sizes",
     "file_status",
+    "range_packed",
     "range_segments",
     "segments",
     "split",
@@ -128,17 +134,102 @@ SEG_DDL = (
     "seq long, flags int, poff long, plen int, missing long, range_index int, format string, error string, "
     "problems array<string>, packets long, linktypes array<int>, skipped string"
 )
+PACKED_SCHEMA = SEG_SCHEMA.append(pa.field("blob", pa.binary()))
+PACKED_DDL = SEG_DDL + ", blob binary"
 
 
 def range_segments(file_index: int, path: str, range_index: int, start: int, end: int, first_packet: int, prefix: bytes) -> pa.RecordBatch:
-    """Stage 2 for one range: segment metadata rows, one summary row per connection and one status row.
+    """Stage 2 for one range, a row per segment: segment metadata rows, one summary row per connection and one status row.
 
     The range's bytes are read at once and parsed with arrays
     (:func:`~dcpinspect.tables.packets_vector.range_window`); a range whose
     read stops on an error midway (a corrupt pcapng section header) is read
     again packet by packet, so the segments before the error are kept as
-    :func:`~dcpinspect.capture.pcapfile.read_range` keeps them.
+    :func:`~dcpinspect.capture.pcapfile.read_range` keeps them.  (The
+    ``segments`` table of the data source; the pipeline moves
+    :func:`range_packed` rows.)
     """
+    seg, summaries, status = _range_parts(file_index, path, range_index, start, end, first_packet, prefix)
+    n = len(seg["gpos"])
+    parts = [_rows_batch(n, kind=np.zeros(n, np.int8), file_index=np.full(n, file_index, np.int32), **seg), summaries, status]
+    return pa.Table.from_batches(parts, schema=SEG_SCHEMA).combine_chunks().to_batches()[0]
+
+
+def range_packed(file_index: int, path: str, range_index: int, start: int, end: int, first_packet: int, prefix: bytes) -> pa.RecordBatch:
+    """Stage 2 for one range as the pipeline moves it: a row per connection holding its segments packed (:data:`PACKED`).
+
+    Spark handles a few rows per range instead of one per segment (the
+    segments' metadata crossing the JVM, persisted and shuffled row by row,
+    cost more than reading them); :meth:`~dcpinspect.spark.numbering.TaskSegments.of`
+    unpacks them.  A ``kind`` 0 row names its connection's endpoints (the
+    lower first, as in ``ckey``: ``src``/``sport`` and ``dst``/``dport``),
+    its first segment's ``gpos`` and ``ts``, and its number of segments
+    (``packets``); then the summary and status rows of :func:`range_segments`.
+    """
+    seg, summaries, status = _range_parts(file_index, path, range_index, start, end, first_packet, prefix)
+    parts = [_packed_rows(seg, file_index, path), summaries.append_column("blob", pa.nulls(summaries.num_rows, pa.binary()))]
+    parts.append(status.append_column("blob", pa.nulls(1, pa.binary())))
+    return pa.Table.from_batches(parts, schema=PACKED_SCHEMA).combine_chunks().to_batches()[0]
+
+
+#: one segment of a :func:`range_packed` row: ``swap`` is 1 when it went from the higher endpoint to the lower
+PACKED = np.dtype(
+    [("gpos", "<i8"), ("ts", "<i8"), ("seq", "<i8"), ("poff", "<i8"), ("missing", "<i8"), ("flags", "<i4"), ("plen", "<i4"), ("swap", "i1")]
+)
+
+
+def _packed_rows(seg: dict[str, Any], file_index: int, path: str) -> pa.RecordBatch:
+    """A range's segments, a row per connection (in order of first sight), each packed."""
+    ck = seg["ckey"] if isinstance(seg["ckey"], pa.Array) else pa.array(seg["ckey"], pa.string())
+    n = len(ck)
+    if not n:
+        return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in PACKED_SCHEMA], schema=PACKED_SCHEMA)
+    enc = ck.dictionary_encode()
+    code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    keys = enc.dictionary.to_pylist()
+    lo = [k.split("|") for k in keys]  # lo ip, lo port, hi ip, hi port
+    src = seg["src"] if isinstance(seg["src"], pa.Array) else pa.array(seg["src"], pa.string())
+    sport = np.asarray(seg["sport"], np.int64)
+    lo_ip = pa.array([x[0] for x in lo], pa.string()).take(pa.array(code))
+    lo_port = np.array([int(x[1]) for x in lo], np.int64)[code]
+    same = pc.equal(src, lo_ip).to_numpy(zero_copy_only=False) & (sport == lo_port)
+    rec = np.empty(n, PACKED)
+    for name in ("gpos", "ts", "seq", "poff", "missing", "flags", "plen"):
+        rec[name] = np.asarray(seg[name])
+    rec["swap"] = ~same
+    order = np.argsort(code, kind="stable")
+    sc = code[order]
+    starts = np.flatnonzero(np.concatenate(([True], sc[1:] != sc[:-1])))
+    ends = np.append(starts[1:], n)
+    rows = sc[starts]
+    first = order[starts]  # each connection's first segment
+    by_sight = np.argsort(first, kind="stable")
+    packed = rec[order]
+    blobs = [packed[a:b].tobytes() for a, b in zip(starts[by_sight].tolist(), ends[by_sight].tolist(), strict=True)]
+    conns = rows[by_sight].tolist()
+    m = len(conns)
+    return _rows_batch(
+        m,
+        schema=PACKED_SCHEMA,
+        kind=np.zeros(m, np.int8),
+        file_index=np.full(m, file_index, np.int32),
+        path=[path] * m,
+        gpos=np.asarray(seg["gpos"], np.int64)[first[by_sight]],
+        ts=np.asarray(seg["ts"], np.int64)[first[by_sight]],
+        ckey=[keys[c] for c in conns],
+        src=[lo[c][0] for c in conns],
+        sport=[int(lo[c][1]) for c in conns],
+        dst=[lo[c][2] for c in conns],
+        dport=[int(lo[c][3]) for c in conns],
+        packets=(ends - starts)[by_sight],
+        blob=pa.array(blobs, pa.binary()),
+    )
+
+
+def _range_parts(
+    file_index: int, path: str, range_index: int, start: int, end: int, first_packet: int, prefix: bytes
+) -> tuple[dict[str, Any], pa.RecordBatch, pa.RecordBatch]:
+    """One range read: its segments as columns, the per-connection summary rows and the status row."""
     rng = CaptureRange(start, end, first_packet, prefix)
     skipped: Counter[str] = Counter()
     error = None
@@ -168,22 +259,20 @@ def range_segments(file_index: int, path: str, range_index: int, start: int, end
             "src": np.zeros(0, object),
             "dst": np.zeros(0, object),
         }
-    n = len(seg["gpos"])
-    parts = [
-        _rows_batch(n, kind=np.zeros(n, np.int8), file_index=np.full(n, file_index, np.int32), **seg),
-        _summaries(seg, file_index, range_index),
-        _rows_batch(1, **{k: [v] for k, v in _range_status(reader, skipped, error, file_index, path, range_index, first_packet).items()}),
-    ]
-    return pa.Table.from_batches(parts, schema=SEG_SCHEMA).combine_chunks().to_batches()[0]
+    status = _rows_batch(
+        1, **{k: [v] for k, v in _range_status(reader, skipped, error, file_index, path, range_index, first_packet).items()}
+    )
+    return seg, _summaries(seg, file_index, range_index), status
 
 
 _SEG_ARRAYS = ("gpos", "ts", "sport", "dport", "seq", "flags", "poff", "plen", "missing")
 
 
-def _rows_batch(n: int, **cols: Any) -> pa.RecordBatch:
-    """``n`` rows of :data:`SEG_SCHEMA`: the columns given, nulls in the others."""
+def _rows_batch(n: int, schema: pa.Schema | None = None, **cols: Any) -> pa.RecordBatch:
+    """``n`` rows of :data:`SEG_SCHEMA` (or ``schema``): the columns given, nulls in the others."""
+    schema = SEG_SCHEMA if schema is None else schema
     return pa.RecordBatch.from_arrays(
-        [pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in SEG_SCHEMA], schema=SEG_SCHEMA
+        [pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema], schema=schema
     )
 
 
@@ -302,13 +391,13 @@ def segments(ranges: Any) -> Any:
         def each() -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for row in batch.to_pylist():
-                    yield range_segments(
+                    yield range_packed(
                         row["file_index"], row["path"], row["range_index"], row["start"], row["end"], row["first_packet"], row["prefix"]
                     )
 
         yield from gc_paused(each())
 
-    return ranges.mapInArrow(run, SEG_DDL)
+    return ranges.mapInArrow(run, PACKED_DDL)
 
 
 STATUS_DDL = (
@@ -370,13 +459,15 @@ def connection_sizes(rows: pa.Table) -> tuple[list[tuple[str, int]], tuple[int, 
 
 
 SEG_INPUT = ("file_index", "gpos", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")
+#: what a frames task reads of a :func:`range_packed` row
+PACKED_INPUT = ("file_index", "gpos", "src", "sport", "dst", "dport", "blob")
 
 
 def capture_end(segs: Any) -> tuple[int, int]:
     """(ts, capture position) of the capture's last TCP segment: where the single-process read ends."""
     from pyspark.sql import functions as F
 
-    row = segs.filter("kind = 0").agg(F.max_by(F.struct("ts", "gpos"), "gpos").alias("m")).collect()[0]["m"]
+    row = segs.filter("kind = 2").agg(F.max_by(F.struct("ts", "gpos"), "gpos").alias("m")).collect()[0]["m"]
     if row is None:
         return 0, 0
     return int(row["ts"]), int(row["gpos"])
@@ -406,5 +497,5 @@ def by_connection(
         target.append((ckey, p))
     spark = segs.sparkSession
     where = spark.createDataFrame(target or [("", 0)], "ckey string, _p int")
-    data = segs.filter("kind = 0").select(*SEG_INPUT, "ckey").join(F.broadcast(where), "ckey")
+    data = segs.filter("kind = 0").select(*PACKED_INPUT, "ckey").join(F.broadcast(where), "ckey")
     return data.repartitionById(partitions, "_p").sortWithinPartitions("gpos").drop("ckey", "_p"), last

@@ -42,7 +42,7 @@ from dcpinspect.spark.numbering import KSHIFT, CaptureEnd, Numbering, Options
 from dcpinspect.spark.passes import keys_task, read_keys
 from dcpinspect.spark.pipeline import Pipeline, register_data_source
 from dcpinspect.spark.session import expand_paths
-from dcpinspect.spark.stages import SEG_INPUT, range_segments, split_file, status_rows
+from dcpinspect.spark.stages import PACKED_INPUT, range_packed, split_file, status_rows
 from dcpinspect.tables.schema import SPARK_SCHEMA
 
 pytestmark = pytest.mark.spark
@@ -371,12 +371,13 @@ def _in_process(paths: list[str]) -> tuple[pa.Table, CaptureEnd]:
 
     tables = []
     for fi, path in enumerate(paths):
-        tables += [range_segments(fi, path, i, *r) for i, r in enumerate(split_file(path, 1 << 30))]
+        tables += [range_packed(fi, path, i, *r) for i, r in enumerate(split_file(path, 1 << 30))]
     every = pa.Table.from_batches(tables)
     segs = every.filter(pc.equal(every["kind"], 0)).sort_by([("ckey", "ascending"), ("gpos", "ascending")])
-    top = pc.max(segs["gpos"]).as_py()
-    last = CaptureEnd(int(segs["ts"][pc.index(segs["gpos"], top).as_py()].as_py()), int(top), CaptureEnd.file_bases(status_rows(every)))
-    return segs.select(list(SEG_INPUT)), last
+    ends = every.filter(pc.equal(every["kind"], 2))
+    top = pc.max(ends["gpos"]).as_py()
+    last = CaptureEnd(int(ends["ts"][pc.index(ends["gpos"], top).as_py()].as_py()), int(top), CaptureEnd.file_bases(status_rows(every)))
+    return segs.select(list(PACKED_INPUT)), last
 
 
 def test_items_written_in_small_batches_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,9 +29,9 @@ from dcpinspect.flows import reassembly
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.spark import numbering
 from dcpinspect.spark.frametable import frames_task, spark_batch
-from dcpinspect.spark.numbering import CaptureEnd, Options
+from dcpinspect.spark.numbering import CaptureEnd, Options, TaskSegments
 from dcpinspect.spark.passes import keys_task, read_keys
-from dcpinspect.spark.stages import GPOS_SHIFT, SEG_INPUT, range_segments, split_file, status_rows
+from dcpinspect.spark.stages import GPOS_SHIFT, PACKED_INPUT, range_packed, range_segments, split_file, status_rows
 from dcpinspect.tables.columnar import decode_windows
 from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.packets_vector import segment_windows
@@ -72,12 +72,30 @@ def reference_segments(fi: int, path: str, rng: CaptureRange) -> tuple[list[tupl
 _ROW = ("gpos", "ckey", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")
 
 
+def _same_packed(fi: int, path: str, ri: int, rng: CaptureRange, rows: list[dict[str, Any]]) -> None:
+    """range_packed holds range_segments' rows: the segments packed a connection per row, the summaries and status alike."""
+    packed = TaskSegments.of([range_packed(fi, path, ri, *rng).filter(pc.equal(range_packed(fi, path, ri, *rng)["kind"], 0))])
+    segs = [r for r in rows if r["kind"] == 0]
+    got = [
+        (packed.addresses[s], sp, packed.addresses[d], dp, g, t, q, fl, po, pl, mi)
+        for s, sp, d, dp, g, t, q, fl, po, pl, mi in zip(
+            *(packed.cols[k].tolist() for k in ("src", "sport", "dst", "dport", "gpos", "ts", "seq", "flags", "poff", "plen", "missing")),
+            strict=True,
+        )
+    ]
+    want = [tuple(r[k] for k in ("src", "sport", "dst", "dport", "gpos", "ts", "seq", "flags", "poff", "plen", "missing")) for r in segs]
+    assert got == want, (path, ri)
+    others = [{k: v for k, v in r.items() if k != "blob"} for r in range_packed(fi, path, ri, *rng).to_pylist() if r["kind"] != 0]
+    assert others == [r for r in rows if r["kind"] != 0]
+
+
 def check_ranges(paths: list[str], split_size: int) -> int:
     """Every range's segments, errors and skipped counts equal the per-packet reader's; the ranges read."""
     n = 0
     for fi, path in enumerate(paths):
         for ri, rng in enumerate(split_file(path, split_size)):
             got = range_segments(fi, path, ri, *rng).to_pylist()
+            _same_packed(fi, path, ri, rng, got)
             (status,) = [r for r in got if r["kind"] == 1]
             if not Path(path).exists():
                 assert len(got) == 1 and "cannot open" in status["error"]
@@ -149,16 +167,17 @@ def _conns(k: int, n: int = 20) -> list[Conn]:
 
 def task_data(paths: list[str], tasks: int) -> tuple[list[pa.Table], CaptureEnd]:
     """The segment metadata of ``paths`` dealt to ``tasks`` tasks by connection, each in capture order, and the capture's end."""
-    every = pa.Table.from_batches([range_segments(fi, p, i, *r) for fi, p in enumerate(paths) for i, r in enumerate(split_file(p, 4096))])
+    every = pa.Table.from_batches([range_packed(fi, p, i, *r) for fi, p in enumerate(paths) for i, r in enumerate(split_file(p, 4096))])
     bases = CaptureEnd.file_bases(status_rows(every))
     segs = every.filter(pc.equal(every["kind"], 0))
+    ends = every.filter(pc.equal(every["kind"], 2))  # each connection's last segment in each range
     last = CaptureEnd(0, 0, bases)
-    if segs.num_rows:
-        i = pc.index(segs["gpos"], pc.max(segs["gpos"])).as_py()
-        last = CaptureEnd(int(segs["ts"][i].as_py()), int(segs["gpos"][i].as_py()), bases)
+    if ends.num_rows:
+        i = pc.index(ends["gpos"], pc.max(ends["gpos"])).as_py()
+        last = CaptureEnd(int(ends["ts"][i].as_py()), int(ends["gpos"][i].as_py()), bases)
     keys = sorted(set(segs["ckey"].to_pylist()))
     deal = pa.array([keys.index(k) % tasks for k in segs["ckey"].to_pylist()], pa.int32())
-    return [segs.filter(pc.equal(deal, t)).sort_by("gpos").select(list(SEG_INPUT)) for t in range(tasks)], last
+    return [segs.filter(pc.equal(deal, t)).sort_by("gpos").select(list(PACKED_INPUT)) for t in range(tasks)], last
 
 
 def check_tasks(paths: list[str], tasks: int, rows: int = 65536, hole_wait: int | None = None) -> int:
