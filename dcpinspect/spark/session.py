@@ -85,7 +85,7 @@ def get_session(
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": str(max(2, 2 * n)),
+        "spark.sql.shuffle.partitions": str(max(4, 4 * n)),  # the frames stage: tasks of a connection or two balance the cores
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
         "spark.driver.memory": memory,
