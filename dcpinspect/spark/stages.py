@@ -187,11 +187,11 @@ def _packed_rows(seg: dict[str, Any], file_index: int, path: str) -> pa.RecordBa
     enc = ck.dictionary_encode()
     code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     keys = enc.dictionary.to_pylist()
-    lo = [k.split("|") for k in keys]  # lo ip, lo port, hi ip, hi port
+    lo = [_key_endpoints(k) for k in keys]  # lo ip, lo port, hi ip, hi port
     src = seg["src"] if isinstance(seg["src"], pa.Array) else pa.array(seg["src"], pa.string())
     sport = np.asarray(seg["sport"], np.int64)
     lo_ip = pa.array([x[0] for x in lo], pa.string()).take(pa.array(code))
-    lo_port = np.array([int(x[1]) for x in lo], np.int64)[code]
+    lo_port = np.array([x[1] for x in lo], np.int64)[code]
     same = pc.equal(src, lo_ip).to_numpy(zero_copy_only=False) & (sport == lo_port)
     rec = np.empty(n, PACKED)
     for name in ("gpos", "ts", "seq", "poff", "missing", "flags", "plen"):
@@ -218,9 +218,9 @@ def _packed_rows(seg: dict[str, Any], file_index: int, path: str) -> pa.RecordBa
         ts=np.asarray(seg["ts"], np.int64)[first[by_sight]],
         ckey=[keys[c] for c in conns],
         src=[lo[c][0] for c in conns],
-        sport=[int(lo[c][1]) for c in conns],
+        sport=[lo[c][1] for c in conns],
         dst=[lo[c][2] for c in conns],
-        dport=[int(lo[c][3]) for c in conns],
+        dport=[lo[c][3] for c in conns],
         packets=(ends - starts)[by_sight],
         blob=pa.array(blobs, pa.binary()),
     )
@@ -287,9 +287,7 @@ def _window_rows(w: SegmentWindow, base: int) -> dict[str, Any]:
     uniq, inv = np.unique(four, return_inverse=True)
     keys = []
     for ua, ub in zip(uniq["a"].tolist(), uniq["b"].tolist(), strict=True):
-        x, y = (w.addresses[ua >> 16], ua & 0xFFFF), (w.addresses[ub >> 16], ub & 0xFFFF)
-        lo, hi = (x, y) if x <= y else (y, x)
-        keys.append(f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}")
+        keys.append(_conn_key((w.addresses[ua >> 16], ua & 0xFFFF), (w.addresses[ub >> 16], ub & 0xFFFF)))
     return {
         "gpos": base | w.number,
         "ckey": pa.array(keys, pa.string()).take(pa.array(inv.reshape(-1))),
@@ -304,6 +302,18 @@ def _window_rows(w: SegmentWindow, base: int) -> dict[str, Any]:
         "plen": w.plen.astype(np.int32),
         "missing": w.missing,
     }
+
+
+def _conn_key(x: tuple[str, int], y: tuple[str, int]) -> str:
+    """A connection's key (``ckey``): its two endpoints, the lower first, whichever way the segment went."""
+    lo, hi = (x, y) if x <= y else (y, x)
+    return f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}"
+
+
+def _key_endpoints(key: str) -> tuple[str, int, str, int]:
+    """A :func:`_conn_key` back as (lower ip, port, higher ip, port)."""
+    a, ap, b, bp = key.split("|")
+    return a, int(ap), b, int(bp)
 
 
 def _slow_rows(reader: CaptureReader, f: Any, rng: CaptureRange, base: int, skipped: Counter[str]) -> tuple[dict[str, Any], str | None]:
@@ -321,9 +331,7 @@ def _slow_rows(reader: CaptureReader, f: Any, rng: CaptureRange, base: int, skip
             four = (seg.src, seg.sport, seg.dst, seg.dport)
             ck = keys.get(four)
             if ck is None:
-                x, y = (seg.src, seg.sport), (seg.dst, seg.dport)
-                lo, hi = (x, y) if x <= y else (y, x)
-                ck = keys[four] = f"{lo[0]}|{lo[1]}|{hi[0]}|{hi[1]}"
+                ck = keys[four] = _conn_key((seg.src, seg.sport), (seg.dst, seg.dport))
             rows.append((base | pkt.number, ck, seg.ts, seg.src, seg.sport, seg.dst, seg.dport, seg.seq, seg.flags))
             rows[-1] += (pkt.data_offset + at, len(seg.payload), seg.missing)
     except CaptureError as exc:

@@ -867,11 +867,7 @@ class _Decode:
                 extra.append(raw)
                 at += len(raw)
         t.joined = rows.bufs[0] if len(rows.bufs) == 1 and not extra else b"".join([*rows.bufs, *extra])
-        ids = np.unique(t.gid).tolist()
-        names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
-        for g in ids:
-            names[g] = self.labels[g]
-        t.labels = pa.array(names, pa.string())
+        t.labels = _labels(t.gid, self.labels)
         self._contexts(t, kind)
         return t
 
@@ -1036,6 +1032,15 @@ class _Decode:
         st.records = self.number
 
 
+def _labels(gid: np.ndarray, labels: dict[int, str]) -> pa.Array:
+    """The labels of the connections ``gid`` names, as an array indexed by connection id (nulls between)."""
+    ids = np.unique(gid).tolist()
+    names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
+    for g in ids:
+        names[g] = labels[g]
+    return pa.array(names, pa.string())
+
+
 def _rank(last: np.ndarray) -> np.ndarray:
     """Each element's index among the equal elements before it (``last`` is non-decreasing)."""
     n = len(last)
@@ -1174,11 +1179,7 @@ class _Table:
         u.events = dict(self.events)
         u.events.update({i + n: ev for i, ev in other.events.items()})
         u.joined = self.joined + other.joined
-        ids = np.unique(u.gid).tolist()
-        names: list[str | None] = [None] * (ids[-1] + 1 if ids else 0)
-        for g in ids:
-            names[g] = labels[g]
-        u.labels = pa.array(names, pa.string())
+        u.labels = _labels(u.gid, labels)
         return u
 
     def frame(self, i: int) -> Frame:
