@@ -51,6 +51,7 @@ def assert_same_read(paths: list[str], **options: Any) -> pa.Table:
             i = next(i for i in range(len(a)) if a[i] != b[i])
             raise AssertionError(f"column {name!r} differs at row {i}: exact {a[i]!r}, columnar {b[i]!r}")
     assert s2.files == s1.files
+    assert s2.sets == s1.sets and s2.set_first == s1.set_first
     assert s2.skipped == s1.skipped
     assert s2.packets == s1.packets
     assert s2.records == s1.records

@@ -4,7 +4,9 @@
 and turns each packet into a TCP segment (:func:`~dcpinspect.capture.packets.parse_packet`);
 :func:`read_records` and :func:`read_chunks` feed those segments to the pure
 record builders (:func:`~dcpinspect.flows.records.iter_records`,
-:func:`~dcpinspect.flows.records.iter_chunks`).
+:func:`~dcpinspect.flows.records.iter_chunks`), once per capture set
+(:mod:`dcpinspect.capture.sets`): connections never continue from one set
+into the next, while frames and connections are numbered on across them.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..flows.reassembly import DEFAULT_SERVER_PORTS, Segment
-from ..flows.records import CaptureStats, Record, RecordChunk, iter_chunks, iter_records
+from ..flows.records import CaptureStats, Record, RecordChunk, SetPlace, iter_chunks, iter_records
 from .packets import parse_packet
 from .pcapfile import CaptureError, CaptureReader
+from .sets import Plan, read_sets
 
 __all__ = ["capture_segments", "read_chunks", "read_records"]
 
@@ -59,14 +62,22 @@ def read_records(
     stats: CaptureStats | None = None,
     reveal_secrets: bool = False,
     progress: Callable[[str, int], None] | None = None,
+    capture_sets: Plan = "auto",
 ) -> Iterator[Record]:
-    """Records of one or more capture files, read in order as one capture (rotated files join up).
+    """Records of one or more capture files, each capture set read in order as one capture (rotated files join up).
 
-    See :func:`capture_segments` for what happens to unreadable files.
+    ``capture_sets`` is ``auto`` (detect which files are one recording),
+    ``one`` (every file one capture) or ``per-file``
+    (:func:`~dcpinspect.capture.sets.plan_capture_sets`).  See
+    :func:`capture_segments` for what happens to unreadable files.
     """
     st = stats if stats is not None else CaptureStats()
-    segs = capture_segments(paths, st, progress)
-    yield from iter_records(segs, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
+
+    def one(files: list[str], sub: CaptureStats, place: SetPlace) -> Iterator[Record]:
+        segs = capture_segments(files, sub, progress)
+        return iter_records(segs, server_ports=server_ports, detect=detect, stats=sub, reveal_secrets=reveal_secrets, place=place)
+
+    yield from read_sets(paths, capture_sets, st, one)
 
 
 def read_chunks(
@@ -78,8 +89,13 @@ def read_chunks(
     stats: CaptureStats | None = None,
     reveal_secrets: bool = False,
     progress: Callable[[str, int], None] | None = None,
+    capture_sets: Plan = "auto",
 ) -> Iterator[RecordChunk]:
-    """:func:`read_records` in chunks (:class:`~dcpinspect.flows.records.RecordChunk`), for columnar consumers."""
+    """:func:`read_records` in chunks (:class:`~dcpinspect.flows.records.RecordChunk`, each of one capture set), for columnar consumers."""
     st = stats if stats is not None else CaptureStats()
-    segs = capture_segments(paths, st, progress)
-    yield from iter_chunks(segs, rows=rows, server_ports=server_ports, detect=detect, stats=st, reveal_secrets=reveal_secrets)
+
+    def one(files: list[str], sub: CaptureStats, place: SetPlace) -> Iterator[RecordChunk]:
+        segs = capture_segments(files, sub, progress)
+        return iter_chunks(segs, rows=rows, server_ports=server_ports, detect=detect, stats=sub, reveal_secrets=reveal_secrets, place=place)
+
+    yield from read_sets(paths, capture_sets, st, one)

@@ -235,6 +235,8 @@ class Reassembler:
         hole_wait: packets of the capture a hole is waited for, after the
             oldest segment held behind it (rule 5; default
             :data:`~.halfstream.MAX_HOLE_WAIT`).
+        first_id: the id of the first connection (a capture set read after
+            others numbers its connections after theirs).
     """
 
     def __init__(
@@ -247,6 +249,7 @@ class Reassembler:
         keep_closed: int | None = None,
         compare_window: int = RECENT,
         hole_wait: int | None = None,
+        first_id: int = 1,
     ) -> None:
         self.server_ports = frozenset(server_ports)
         self.tls_ports = frozenset(tls_ports)
@@ -263,7 +266,7 @@ class Reassembler:
         self._ignored: dict[Key, int] = {}  # not memcached binary -> bits of the endpoints that sent FIN; oldest first
         self._closed_kept: deque[Connection] = deque()  # closed connections still in ``connections`` (with keep_closed)
         self._stale = 0  # dropped connections still in ``connections`` (compacted when they are many)
-        self._next_id = 1
+        self._next_id = first_id  # capture sets read one after another number their connections on
         self._last_ts = 0
         self._last_packet = 0
         self._last_file = ""

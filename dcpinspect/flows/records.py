@@ -35,10 +35,12 @@ from .session import ConnState, Sessions
 T = TypeVar("T")
 
 __all__ = [
+    "FIRST_SET",
     "CaptureStats",
     "InOrder",
     "Record",
     "RecordChunk",
+    "SetPlace",
     "gc_paused",
     "iter_chunks",
     "iter_records",
@@ -59,11 +61,36 @@ class Record(NamedTuple):
     packet_first: int
     event: Event
     context: DissectContext
+    capture_set: int = 1  # the capture set it was read in (1-based)
+    set_base: int = 0  # the records of the sets before it: its number within its set is ``number - set_base``
+
+    @property
+    def set_frame(self) -> int:
+        """Its number within its capture set (1-based)."""
+        return self.number - self.set_base
+
+
+class SetPlace(NamedTuple):
+    """Where one capture set's read starts in a run of several: its number, and the records and connections before it."""
+
+    capture_set: int = 1
+    frame_base: int = 0  # records numbered before this set (its first is ``frame_base + 1``)
+    conn_base: int = 0  # connection ids given before this set
+
+
+#: the place of a read of one capture set (or the first of several)
+FIRST_SET = SetPlace()
 
 
 @dataclass
 class CaptureStats:
-    """What a read saw besides frames: per-file problems, skipped packets, connections."""
+    """What a read saw besides frames: per-file problems, skipped packets, connections.
+
+    ``sets`` is the plan of capture sets the read followed (a list of
+    :class:`dcpinspect.capture.sets.CaptureSet`) and ``set_first`` the number
+    of each set's first frame (set -> frame; a set without frames gets the
+    number its first frame would have had).
+    """
 
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: Counter[str] = field(default_factory=Counter)
@@ -71,6 +98,17 @@ class CaptureStats:
     states: dict[int, ConnState] = field(default_factory=dict)
     packets: int = 0
     records: int = 0
+    sets: list[Any] = field(default_factory=list)
+    set_first: dict[int, int] = field(default_factory=dict)
+
+    def add_set(self, sub: CaptureStats) -> None:
+        """Take what the read of one capture set saw (its records and connections already numbered after the sets before)."""
+        self.files.update(sub.files)
+        self.skipped.update(sub.skipped)
+        self.connections.extend(sub.connections)
+        self.states.update(sub.states)
+        self.packets += sub.packets
+        self.records = max(self.records, sub.records)
 
 
 class InOrder:
@@ -145,15 +183,22 @@ class Recorder:
         stats: CaptureStats | None = None,
         reveal_secrets: bool = False,
         hole_wait: int | None = None,
+        place: SetPlace = FIRST_SET,
     ) -> None:
         self.reassembler = Reassembler(
-            server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, hole_wait=hole_wait
+            server_ports=server_ports,
+            detect=detect,
+            tls_ports=tls_ports,
+            max_body=max_body,
+            hole_wait=hole_wait,
+            first_id=place.conn_base + 1,
         )
         self.stats = stats if stats is not None else CaptureStats()
         self.stats.connections = self.reassembler.connections
         self._sessions = Sessions(self.stats.states, reveal_secrets)
         self._order = InOrder()
-        self.number = 0
+        self.number = place.frame_base
+        self.place = place
         self._closed = False
 
     def feed(self, segment: Segment, keys: tuple[list[int], list[int]] | None = None) -> list[Record]:
@@ -191,6 +236,7 @@ class Recorder:
         if not batches and not order.held:
             return []
         out: list[Record] = []
+        cset, base = self.place.capture_set, self.place.frame_base
         for b in order.release(batches, self.reassembler.watermark()):
             conn, d = b[0], b[1]
             label = conn.label
@@ -202,7 +248,7 @@ class Recorder:
                 keys[1].extend(range(b[8], b[8] + n))
             for ev, ts_first, ts_last, p_first, p_last in expand(b):
                 self.number += 1
-                out.append(Record(self.number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context))
+                out.append(Record(self.number, file, conn.id, label, d, ts_last, ts_first, p_last, p_first, ev, state.context, cset, base))
                 if ev.__class__ is Frame and ev[1][1] in SESSION_OPS and ev[2] == "mcbp":
                     state.observe(d, ev)
         self.stats.records = self.number
@@ -218,10 +264,17 @@ def iter_records(
     max_body: int = DEFAULT_MAX_BODY,
     stats: CaptureStats | None = None,
     reveal_secrets: bool = False,
+    place: SetPlace = FIRST_SET,
 ) -> Iterator[Record]:
-    """Reassemble, decode and contextualise ``segments``; yield records in completion order."""
+    """Reassemble, decode and contextualise ``segments``; yield records in completion order (numbered after ``place``)."""
     rec = Recorder(
-        server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, stats=stats, reveal_secrets=reveal_secrets
+        server_ports=server_ports,
+        detect=detect,
+        tls_ports=tls_ports,
+        max_body=max_body,
+        stats=stats,
+        reveal_secrets=reveal_secrets,
+        place=place,
     )
     for seg in segments:
         out = rec.feed(seg)
@@ -240,6 +293,8 @@ class RecordChunk:
     few records that began in an earlier packet (index in the chunk ->
     ``(ts_first, ts_last, packet_first, packet_last)``).  Record numbers run
     from ``first_number``; connection labels are in ``labels`` (by id).
+    Every record of a chunk is of one capture set (``capture_set``, after
+    ``set_base`` records of the sets before it).
     """
 
     first_number: int
@@ -253,6 +308,8 @@ class RecordChunk:
     packet: list[int] = field(default_factory=list)
     heads: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
+    capture_set: int = 1
+    set_base: int = 0
 
     def __len__(self) -> int:
         return len(self.events)
@@ -265,7 +322,19 @@ class RecordChunk:
         packet = self.packet[run]
         tf, tl, pf, pl = self.heads.get(i, (ts, ts, packet, packet))
         return Record(
-            self.first_number + i, self.file[run], c, self.labels[c], self.direction[run], tl, tf, pl, pf, self.events[i], self.context[i]
+            self.first_number + i,
+            self.file[run],
+            c,
+            self.labels[c],
+            self.direction[run],
+            tl,
+            tf,
+            pl,
+            pf,
+            self.events[i],
+            self.context[i],
+            self.capture_set,
+            self.set_base,
         )
 
     def records(self) -> Iterator[Record]:
@@ -289,6 +358,8 @@ class RecordChunk:
                     pf,
                     self.events[j],
                     self.context[j],
+                    self.capture_set,
+                    self.set_base,
                 )
             i += n
 
@@ -303,12 +374,14 @@ def iter_chunks(
     max_body: int = DEFAULT_MAX_BODY,
     stats: CaptureStats | None = None,
     reveal_secrets: bool = False,
+    place: SetPlace = FIRST_SET,
 ) -> Iterator[RecordChunk]:
     """The records of :func:`iter_records` (same order, numbers and contexts) in chunks of about ``rows``."""
-    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body)
+    r = Reassembler(server_ports=server_ports, detect=detect, tls_ports=tls_ports, max_body=max_body, first_id=place.conn_base + 1)
     st = stats if stats is not None else CaptureStats()
     sessions = Sessions(st.states, reveal_secrets)
-    chunk = RecordChunk(1)
+    cset, sbase = place.capture_set, place.frame_base
+    chunk = RecordChunk(sbase + 1, capture_set=cset, set_base=sbase)
     for conn, d, evs, ts, packet, heads, file, _k1, _k2 in _batches(segments, r, st):
         base = len(chunk.events)
         chunk.events += evs
@@ -325,7 +398,7 @@ def iter_chunks(
         if len(chunk.events) >= rows:
             st.records = chunk.first_number + len(chunk) - 1
             yield chunk
-            chunk = RecordChunk(chunk.first_number + len(chunk))
+            chunk = RecordChunk(chunk.first_number + len(chunk), capture_set=cset, set_base=sbase)
     st.records = chunk.first_number + len(chunk) - 1
     if chunk.events:
         yield chunk

@@ -15,7 +15,7 @@
    of those flags.
 
 >>> rollback_decision(start=3, snap_start=1, snap_end=4, vb_uuid=1111, failover_log=[(2222, 3), (1111, 0)], high_seqno=10, purge_seqno=0)
-RollbackDecision(rollback=True, seqno=1, reason='history diverged at seqno 3 (uuid 1111 superseded); rollback to min(upper=3, snap_start=1)')
+RollbackDecision(rollback=True, seqno=1, reason='history diverged at seqno 3 (uuid 0x0000000000000457 superseded); rollback to min(upper=3, snap_start=1)')
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def rollback_decision(
                 upper = oldest_first[i + 1][1]
             break
     else:
-        return RollbackDecision(True, 0, f"vb uuid {u} not in the failover log: no common history")
+        return RollbackDecision(True, 0, f"vb uuid 0x{u:016x} not in the failover log: no common history")
     if s == ss:  # step 5
         se = s
     if se <= upper:  # step 6
@@ -191,4 +191,6 @@ def rollback_decision(
         ss = s
     seqno = upper if upper < ss else ss  # step 8
     why = "high seqno" if upper == high_seqno and oldest_first[-1][0] == u else "history diverged"
-    return RollbackDecision(True, seqno, f"{why} at seqno {upper} (uuid {u} superseded); rollback to min(upper={upper}, snap_start={ss})")
+    return RollbackDecision(
+        True, seqno, f"{why} at seqno {upper} (uuid 0x{u:016x} superseded); rollback to min(upper={upper}, snap_start={ss})"
+    )

@@ -45,6 +45,11 @@ Rules:
 4. ``import dcpinspect.spark`` imports neither pyspark, numpy nor pyarrow:
    the names below load their module on first use.
 5. Everything a task runs pickles (module-level functions and classes).
+6. Capture sets (:mod:`dcpinspect.capture.sets`) are planned on the driver;
+   the files are listed set after set and each set is read as a capture of
+   its own (a task decodes each set's segments apart; the numbering keys
+   order the sets), so frames, connections and timelines are the single
+   process's, ``capture_set`` and ``set_frame`` included.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ more, straight to whatever consumes the DataFrame.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from typing import Any
 
@@ -28,6 +28,8 @@ from .numbering import DEFAULT_OPTIONS, KSHIFT, CaptureEnd, Keyed, Numbering, Op
 from .session import filesystem
 
 __all__ = [
+    "FLOW_OUT",
+    "ITEMS_OUT",
     "RENUMBER_DDL",
     "TMP_ROWS",
     "TMP_SCHEMA",
@@ -35,6 +37,7 @@ __all__ = [
     "TmpFrames",
     "frames_numbered",
     "frames_task",
+    "place_columns",
     "renumber_task",
     "spark_batch",
     "write_dataframe",
@@ -186,7 +189,9 @@ def frames_task(
     for part in keyed.parts():
         k1, k2, ck = part.keys
         conn = ids[np.searchsorted(cks, ck)]
-        yield spark_batch(part.batch, frame=pa.array(numbering.frame_numbers(k1, k2)), conn_id=pa.array(conn))
+        frame = numbering.frame_numbers(k1, k2)
+        set_frame = numbering.set_frames(frame, np.full(len(frame), part.place.capture_set, np.int64))
+        yield spark_batch(part.batch, frame=pa.array(frame), set_frame=pa.array(set_frame), conn_id=pa.array(conn))
 
 
 def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: CaptureEnd, options: Options = DEFAULT_OPTIONS) -> Any:
@@ -207,6 +212,7 @@ def renumber_task(
     outs: dict[str, str],
     stride: int = 0,
     streams: dict[tuple[int, int], int] | None = None,
+    placed: Mapping[int, tuple[int, str]] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Each temporary file (rows ``index``, ``path``, ``table``) -> ``outs[table]/part-<index>.parquet`` with the global numbers.
 
@@ -214,6 +220,8 @@ def renumber_task(
     ``type`` and ``name`` of every ``stride``-th frame (a sample for the
     report).  Items name their stream by its index in the merged timeline:
     ``streams`` maps the key of the record that created each stream to it.
+    Items and flow samples carry their connection's capture set and file
+    (``placed``: connection id -> both; set 1 and no file for one not in it).
     """
     import pyarrow.parquet as pq
 
@@ -221,7 +229,8 @@ def renumber_task(
     ids = np.array([numbering.conn_ids[c] for c in cks.tolist()], np.int32)
     where = {name: i for i, name in enumerate(SPARK_SCHEMA.names)}
     schema = pa.schema([("index", pa.int32()), ("rows", pa.int64()), ("ts", pa.int64()), ("type", pa.string()), ("name", pa.string())])
-    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_SCHEMA, "flow": FLOW_SCHEMA}
+    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_OUT, "flow": FLOW_OUT}
+    placed = placed or {}
     for batch in batches:
         for index, src, table in zip(*(batch.column(k).to_pylist() for k in ("index", "path", "table")), strict=True):
             fs, p = filesystem(src)
@@ -235,14 +244,21 @@ def renumber_task(
                     conn = ids[np.searchsorted(cks, b.column("_ck").to_numpy())]
                     rows += b.num_rows
                     if table == "items":
-                        w.write_batch(_items_batch(b, frame, conn, streams or {}))
+                        w.write_batch(_items_batch(b, frame, conn, streams or {}, placed))
                         continue
                     if table == "flow":
-                        cols = [pa.array(conn, pa.int64()), pa.array(frame), _us(b.column("ts")), *b.columns[4:]]
-                        w.write_batch(pa.RecordBatch.from_arrays(cols, schema=FLOW_SCHEMA))
+                        cols = [
+                            pa.array(conn, pa.int64()),
+                            *place_columns(conn, placed),
+                            pa.array(frame),
+                            _us(b.column("ts")),
+                            *b.columns[4:],
+                        ]
+                        w.write_batch(pa.RecordBatch.from_arrays(cols, schema=FLOW_OUT))
                         continue
                     cols = b.columns[: len(SPARK_SCHEMA)]
                     cols[where["frame"]] = pa.array(frame)
+                    cols[where["set_frame"]] = pa.array(numbering.set_frames(frame, b.column("capture_set").to_numpy()))
                     cols[where["conn_id"]] = pa.array(conn)
                     out = pa.RecordBatch.from_arrays(cols, schema=SPARK_SCHEMA)
                     w.write_batch(out)
@@ -280,12 +296,37 @@ def _opcode_names() -> pa.Array:
     return pa.array(names)
 
 
-def _items_batch(b: pa.RecordBatch, frame: np.ndarray, conn: np.ndarray, streams: dict[tuple[int, int], int]) -> pa.RecordBatch:
+def _with_place(s: pa.Schema) -> pa.Schema:
+    """``s`` with ``capture_set`` and ``file`` after ``conn`` (as the single-process timeline tables have them)."""
+    if "capture_set" in s.names:
+        return s
+    i = s.get_field_index("conn") + 1
+    fields = list(s)
+    return pa.schema([*fields[:i], pa.field("capture_set", pa.int64()), pa.field("file", pa.string()), *fields[i:]])
+
+
+#: the items and flow tables as Spark writes them: with each row's capture set and file
+ITEMS_OUT = _with_place(ITEMS_SCHEMA)
+FLOW_OUT = _with_place(FLOW_SCHEMA)
+
+
+def place_columns(conn: np.ndarray, placed: Mapping[int, tuple[int, str]]) -> tuple[pa.Array, pa.Array]:
+    """The ``capture_set`` and ``file`` columns of rows of connections ``conn`` (``placed``: id -> both)."""
+    ids, inv = np.unique(np.asarray(conn, np.int64), return_inverse=True)
+    where = [placed.get(c, (1, "")) for c in ids.tolist()]
+    take = pa.array(inv.reshape(-1))
+    return pa.array([w[0] for w in where], pa.int64()).take(take), pa.array([w[1] for w in where], pa.string()).take(take)
+
+
+def _items_batch(
+    b: pa.RecordBatch, frame: np.ndarray, conn: np.ndarray, streams: dict[tuple[int, int], int], placed: Mapping[int, tuple[int, str]]
+) -> pa.RecordBatch:
     pairs, inv = np.unique(np.stack([b.column("_b1").to_numpy(), b.column("_b2").to_numpy()], 1), axis=0, return_inverse=True)
     stream = np.array([streams[(int(x), int(y))] for x, y in pairs.tolist()], np.int64)[inv.reshape(-1)]
     cols = [
         pa.array(stream),
         pa.array(conn, pa.int64()),
+        *place_columns(conn, placed),
         b.column("vbucket"),
         pa.array(frame),
         _us(b.column("ts")),
@@ -293,7 +334,7 @@ def _items_batch(b: pa.RecordBatch, frame: np.ndarray, conn: np.ndarray, streams
         pc.cast(b.column("seqno"), pa.decimal128(20, 0)),
         b.column("snapshot"),
     ]
-    return pa.RecordBatch.from_arrays(cols, schema=ITEMS_SCHEMA)
+    return pa.RecordBatch.from_arrays(cols, schema=ITEMS_OUT)
 
 
 def write_dataframe(spark: Any, fr: Any, path: str) -> None:

@@ -26,6 +26,14 @@ which gives exactly these keys (:attr:`~dcpinspect.tables.columnar.TablePart.key
    capture does.
 3. A connection that emitted no row still has an id: the decode reports
    every connection's ``ck`` (``decode_windows(known_at=...)``).
+4. Capture sets (:mod:`dcpinspect.capture.sets`): the files of a set are
+   contiguous in the file list and each set is read as a capture of its own:
+   positions count from its first file (:attr:`CaptureEnd.bases`), its
+   connections end at its own last segment, and a task decodes the segments
+   of each set apart (the same 4-tuple in two sets is two connections).
+   With more than one set the keys are the run's keys
+   (:func:`~dcpinspect.tables.columnar.set_keys`: every key of a set sorts
+   before the next set's), so one numbering covers the run.
 """
 
 from __future__ import annotations
@@ -37,9 +45,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from ..capture.pcapfile import gunzip_all, is_gzip
 from ..flows.reassembly import DEFAULT_SERVER_PORTS, TLS_PORTS
-from ..flows.records import CaptureStats
-from ..tables.columnar import CLOSE_BASE, TablePart, decode_windows
+from ..flows.records import FIRST_SET, CaptureStats, SetPlace
+from ..tables.columnar import CLOSE_BASE, SET_SHIFT, TablePart, decode_windows
 from ..tables.packets_vector import SegmentWindow
 from .session import filesystem
 from .stages import GPOS_SHIFT, PACKED, PACKED_INPUT, SEG_INPUT
@@ -74,29 +83,58 @@ _SENTINEL = "0.0.0.0"  # the end-of-capture segment's endpoints (port 0: never a
 class CaptureEnd(NamedTuple):
     """Where the capture ends (``ts`` and stage 2's ``gpos`` of its last TCP segment) and where each file starts.
 
-    ``bases[i]`` is the number of packets in the files before file ``i``: a
-    segment's position in the capture, what numbers rows and times the
-    reassembler's holes (:attr:`~dcpinspect.flows.reassembly.Segment.pos`),
-    is ``bases[file] + packet``, as a single-process read of the files counts it.
+    ``bases[i]`` is the number of packets in the files before file ``i`` in
+    its capture set: a segment's position in its set, what numbers rows and
+    times the reassembler's holes
+    (:attr:`~dcpinspect.flows.reassembly.Segment.pos`), is ``bases[file] +
+    packet``, as a single-process read of the set counts it.  With several
+    capture sets, ``file_set[i]`` is the set of file ``i`` and ``set_ends``
+    the ``(ts, gpos)`` of each set's last TCP segment (set ``s`` at ``s - 1``).
     """
 
     ts: int
     gpos: int
     bases: tuple[int, ...] = ()
+    file_set: tuple[int, ...] = ()
+    set_ends: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def sets(self) -> int:
+        """How many capture sets the run has (1 without a plan)."""
+        return max(self.file_set, default=1)
+
+    def of_set(self, capture_set: int) -> CaptureEnd:
+        """Where one capture set ends (its last segment), with the bases."""
+        ts, gpos = self.set_ends[capture_set - 1] if self.set_ends else (self.ts, self.gpos)
+        return CaptureEnd(ts, gpos, self.bases, self.file_set, self.set_ends)
 
     def base(self, file_index: int) -> int:
         """The packets of the files before ``file_index``."""
         return self.bases[file_index] if file_index < len(self.bases) else 0
 
     @staticmethod
-    def file_bases(status: list[tuple[Any, ...]]) -> tuple[int, ...]:
-        """``bases`` from the per-file status rows (:data:`~dcpinspect.spark.stages.STATUS_DDL`: file index, ..., packets at 4)."""
+    def file_bases(status: list[tuple[Any, ...]], file_set: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """``bases`` from the per-file status rows (:data:`~dcpinspect.spark.stages.STATUS_DDL`: file index, ..., packets at 4).
+
+        With ``file_set`` (each file's capture set) the count starts again at each set's first file.
+        """
         packets = {int(r[0]): int(r[4] or 0) for r in status}
         out, total = [], 0
         for fi in range(max(packets, default=-1) + 1):
+            if fi and fi < len(file_set) and file_set[fi] != file_set[fi - 1]:
+                total = 0
             out.append(total)
             total += packets.get(fi, 0)
         return tuple(out)
+
+    @staticmethod
+    def set_ends_of(ends: dict[int, tuple[int, int]], file_set: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """``set_ends`` from each file's last TCP segment (file index -> ``(gpos, ts)``)."""
+        best: dict[int, tuple[int, int]] = {}
+        for fi, (g, t) in ends.items():
+            s = file_set[fi]
+            best[s] = max(best.get(s, (0, 0)), (g, t))
+        return tuple((best[s][1], best[s][0]) if s in best else (0, 0) for s in range(1, max(file_set, default=0) + 1))
 
 
 @dataclass(frozen=True)
@@ -126,7 +164,11 @@ class Payloads:
         if fi != self.fi:
             self.close()
             fs, p = filesystem(path)
-            self.f, self.fi = fs.open_input_file(p), fi
+            f = fs.open_input_file(p)
+            if is_gzip(f.read_at(2, 0)):  # a gzip'ed capture's offsets are positions in its decompressed bytes
+                f.seek(0)
+                f = pa.BufferReader(gunzip_all(f))
+            self.f, self.fi = f, fi
         return self.f
 
     def gather(self, fi: int, path: str, off: np.ndarray, n: np.ndarray) -> tuple[bytes, np.ndarray]:
@@ -207,6 +249,16 @@ class TaskSegments:
 
     def __len__(self) -> int:
         return len(self.cols["gpos"])
+
+    def by_set(self, file_set: tuple[int, ...]) -> Iterator[tuple[int, TaskSegments]]:
+        """The segments of each capture set (``file_set``: each file's set), in set order: slices, as sets are contiguous in capture order."""
+        fi = self.cols["file_index"]
+        if not len(fi):
+            return
+        sets = np.asarray(file_set, np.int64)[fi]
+        cuts = np.flatnonzero(sets[1:] != sets[:-1]) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(fi)], strict=True):
+            yield int(sets[a]), TaskSegments({k: v[a:b] for k, v in self.cols.items()}, self.addresses)
 
     def windows(self, paths: list[str], last: CaptureEnd) -> Iterator[SegmentWindow]:
         """The segments as windows of one file and at most :data:`WINDOW` file bytes, payloads read; then the end of the capture."""
@@ -304,13 +356,24 @@ class Keyed:
         self._known: dict[int, int] = {}  # connection id -> ck, every connection (from the decode)
 
     def parts(self) -> Iterator[TablePart]:
-        """The task's rows, in parts of at most ``options.rows``."""
+        """The task's rows, in parts of at most ``options.rows`` (each of one capture set)."""
+        last = self.last
+        if last.sets <= 1:
+            yield from self._decode(self.segments, last, self.stats, FIRST_SET, 0)
+        else:
+            for s, segs in self.segments.by_set(last.file_set):
+                sub = CaptureStats()
+                conn_base = max((c.id for c in self.stats.connections), default=0)
+                yield from self._decode(segs, last.of_set(s), sub, SetPlace(s, 0, conn_base), s)
+                self.stats.add_set(sub)
+        self._connections()
+
+    def _decode(self, segs: TaskSegments, last: CaptureEnd, stats: CaptureStats, place: SetPlace, key_set: int) -> Iterator[TablePart]:
         o = self.options
-        segs = self.segments
         yield from decode_windows(
-            lambda _first: segs.windows(self.paths, self.last),
+            lambda _first: segs.windows(self.paths, last),
             self.paths,
-            stats=self.stats,
+            stats=stats,
             rows=o.rows,
             server_ports=o.server_ports,
             detect=o.detect,
@@ -319,8 +382,9 @@ class Keyed:
             json_check=o.json_check,
             known_at=self._known,
             hole_wait=o.hole_wait,
+            place=place,
+            key_set=key_set,
         )
-        self._connections()
 
     def _connections(self) -> None:
         """Every connection of the task: its ``ck`` and label."""
@@ -409,6 +473,23 @@ class Numbering:
         order = sorted(range(len(cks)), key=cks.__getitem__)
         conn_ids = {cks[j]: i + 1 for i, j in enumerate(order)}
         return cls(keys, base, conn_ids, {i + 1: labels[j] for i, j in enumerate(order)}, int(counts.sum()))
+
+    def set_first(self, sets: int) -> dict[int, int]:
+        """The number of each capture set's first frame (sets ``1..sets``; keys of the run, :func:`~dcpinspect.tables.columnar.set_keys`)."""
+        if sets <= 1:
+            return {1: 1}
+        total = np.append(self.base, self.frames)
+        at = np.searchsorted(self.keys, np.arange(1, sets + 1, dtype=np.int64) << SET_SHIFT, "left")
+        return {s: int(total[i]) + 1 for s, i in zip(range(1, sets + 1), at.tolist(), strict=True)}
+
+    def set_frames(self, frame: np.ndarray, capture_set: np.ndarray) -> np.ndarray:
+        """The frame numbers within their capture sets of frames ``frame`` of sets ``capture_set``."""
+        if not len(frame):
+            return np.zeros(0, np.int64)
+        cs = np.asarray(capture_set, np.int64)
+        firsts = self.set_first(int(cs.max()))
+        first = np.array([0, *(firsts[s] for s in range(1, int(cs.max()) + 1))], np.int64)
+        return np.asarray(frame, np.int64) - first[cs] + 1
 
     def frame_numbers(self, k1: np.ndarray, k2: np.ndarray) -> np.ndarray:
         """The 1-based frame numbers of records ``(k1, k2)``."""

@@ -30,15 +30,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..flows.records import gc_paused
-from ..tables.schema import FLOW_SCHEMA, ITEMS_SCHEMA, SPARK_SCHEMA
+from ..tables.schema import SPARK_SCHEMA
 from ..timeline.merge import ConnPart
-from .frametable import RENUMBER_DDL, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
+from .frametable import FLOW_OUT, ITEMS_OUT, RENUMBER_DDL, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
 from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, CaptureEnd, Counts, Keyed, Numbering, Options, keys_batch, uncount
 from .session import filesystem
 from .stages import by_connection
 from .timelines import Parts
 
-__all__ = ["collect_keys", "keys_pass", "keys_task", "read_keys", "timelines", "write_frames"]
+__all__ = ["collect_keys", "connection_places", "keys_pass", "keys_task", "read_keys", "timelines", "write_frames"]
 
 _WRITTEN = {"frames": 3, "items": 5, "flow": 6}  # keys table kinds listing the temporary files of each table
 
@@ -208,7 +208,8 @@ def write_frames(
         todo = [(path, table) for table in outs for path, _ in files[table]]
         if todo:
             born = sorted(k for part in parts for k, _ in part.streams) if items_out is not None else []
-            picked = _renumber_files(data.sparkSession, todo, num, outs, born, partitions=partitions, sample=sample)
+            placed = connection_places(parts, num, paths, last)
+            picked = _renumber_files(data.sparkSession, todo, num, outs, born, placed, partitions=partitions, sample=sample)
         _commit(outs, files)
     finally:
         _rmtree(tmp)
@@ -217,8 +218,22 @@ def write_frames(
     return num, parts, picked
 
 
+def connection_places(parts: list[ConnPart], num: Numbering, paths: list[str], last: CaptureEnd) -> dict[int, tuple[int, str]]:
+    """Connection id -> (its capture set, the file of its first record), from the timeline parts."""
+    file_set = dict(zip(paths, last.file_set, strict=False)) if last.file_set else {}
+    return {num.conn_ids[p.ck]: (file_set.get(p.info.file, 1), p.info.file) for p in parts if p.ck in num.conn_ids}
+
+
 def _renumber_files(
-    spark: Any, todo: list[tuple[str, str]], num: Numbering, outs: dict[str, str], born: list[int], *, partitions: int, sample: int
+    spark: Any,
+    todo: list[tuple[str, str]],
+    num: Numbering,
+    outs: dict[str, str],
+    born: list[int],
+    placed: dict[int, tuple[int, str]],
+    *,
+    partitions: int,
+    sample: int,
 ) -> pa.Table | None:
     """The second job of :func:`write_frames`: each temporary file (path, table) into its parquet part; the sample of frames."""
     jobs = spark.createDataFrame([(i, path, table) for i, (path, table) in enumerate(todo)], "index int, path string, table string")
@@ -228,7 +243,7 @@ def _renumber_files(
     streams = {(k >> KSHIFT, k & mask): i for i, k in enumerate(born)}
 
     def renumber(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from renumber_task(batches, num, outs, stride, streams)
+        yield from renumber_task(batches, num, outs, stride, streams, placed)
 
     done = jobs.mapInArrow(renumber, RENUMBER_DDL).toArrow()
     written = pc.is_valid(done.column("index"))
@@ -243,7 +258,7 @@ def _commit(outs: dict[str, str], files: dict[str, list[tuple[str, int]]]) -> No
     """Each table complete: an empty part where nothing was written, then ``_SUCCESS``."""
     import pyarrow.parquet as pq
 
-    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_SCHEMA, "flow": FLOW_SCHEMA}
+    schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_OUT, "flow": FLOW_OUT}
     for table, d in outs.items():
         fs, p = filesystem(d)
         if not files[table]:

@@ -5,6 +5,13 @@ DataFrame to DataFrame (:mod:`~dcpinspect.spark.stages`,
 :mod:`~dcpinspect.spark.passes`, :mod:`~dcpinspect.spark.frametable`);
 :class:`Pipeline` runs them in order, persists the segment metadata once and
 collects the small keys table once.
+
+Capture sets (:mod:`dcpinspect.capture.sets`) are planned on the driver:
+the files are listed set after set (each set's files in its reading order),
+each set is read as a capture of its own (:mod:`~dcpinspect.spark.numbering`
+rule 4), frames and connections are numbered on across the sets, and the
+timelines are merged with each connection in its set - what the single
+process gives, row for row.
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..capture.sets import CaptureSet, file_sets, plan_capture_sets
 from ..timeline.merge import ConnPart
 from .frametable import frames_numbered
 from .numbering import DEFAULT_OPTIONS, CaptureEnd, Numbering, Options
 from .passes import collect_keys, keys_pass, write_frames
 from .session import expand_paths, files_frame
-from .stages import DEFAULT_SPLIT_SIZE, STATUS_DDL, STATUS_INPUT, by_connection, connection_sizes, segments, split, status_rows
+from .stages import DEFAULT_SPLIT_SIZE, STATUS_DDL, STATUS_INPUT, by_connection, connection_sizes, file_ends, segments, split, status_rows
 from .timelines import merge_timelines
 
 __all__ = ["Pipeline", "frames", "register_data_source"]
@@ -35,10 +43,11 @@ class Pipeline:
 
     Args:
         spark: a SparkSession (classic or Connect).
-        paths: capture files, globs or directories (read in this order, as one capture).
+        paths: capture files, globs or directories (each capture set read as one capture).
         split_size: bytes per range (a big file is read by many tasks).
         partitions: connection partitions for the frames stage (default: the session's shuffle partitions).
         options: decode options (ports, detection, secrets).
+        capture_sets: ``auto``, ``one`` or ``per-file`` (:func:`~dcpinspect.capture.sets.plan_capture_sets`).
     """
 
     def __init__(
@@ -49,9 +58,12 @@ class Pipeline:
         split_size: int = DEFAULT_SPLIT_SIZE,
         partitions: int | None = None,
         options: Options = DEFAULT_OPTIONS,
+        capture_sets: str = "auto",
     ) -> None:
         self.spark = spark
-        self.paths = expand_paths(paths)
+        self.sets: list[CaptureSet] = plan_capture_sets(expand_paths(paths), capture_sets)
+        self.paths = [f for cs in self.sets for f in cs.files]  # set after set: positions order the sets
+        self.file_set = tuple(cs.number for cs in self.sets for _f in cs.files)
         self.split_size = split_size
         self.partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
         self.options = options
@@ -60,6 +72,7 @@ class Pipeline:
         self._keys: tuple[Numbering, list[ConnPart], bool, int | None] | None = None
         self._timeline: tuple[Any, dict[int, int], int | None] | None = None
         self._sum: tuple[list[tuple[Any, ...]], tuple[list[tuple[str, int]], tuple[int, int]]] | None = None
+        self._ends: dict[int, tuple[int, int]] = {}
         self._persisted = False
 
     def ranges(self) -> Any:
@@ -82,12 +95,17 @@ class Pipeline:
                 .select("kind", "file_index", "path", *STATUS_INPUT, "ckey", "missing", "poff", "gpos", "ts")
             )
             rows = t.toArrow()
-            self._sum = (status_rows(rows), connection_sizes(rows))
+            self._sum = (status_rows(rows, self.file_set), connection_sizes(rows))
+            self._ends = file_ends(rows)
         return self._sum
 
     def status_rows(self) -> list[tuple[Any, ...]]:
-        """The per-file status table's rows (:data:`STATUS_DDL`), on the driver."""
+        """The per-file status table's rows (:data:`STATUS_DDL`: the file's capture set last), on the driver."""
         return self._summary()[0]
+
+    def set_first(self) -> dict[int, int]:
+        """The number of each capture set's first frame."""
+        return self.numbering().set_first(len(self.sets))
 
     def status(self) -> Any:
         """The per-file status table."""
@@ -106,7 +124,10 @@ class Pipeline:
         """Where the capture ends (ts, capture position of its last TCP segment: see :func:`capture_end`) and where each file starts."""
         summary = self._summary()
         ts, gpos = summary[1][1]
-        return CaptureEnd(ts, gpos, CaptureEnd.file_bases(summary[0]))
+        if len(self.sets) <= 1:
+            return CaptureEnd(ts, gpos, CaptureEnd.file_bases(summary[0]))
+        fs = self.file_set
+        return CaptureEnd(ts, gpos, CaptureEnd.file_bases(summary[0], fs), fs, CaptureEnd.set_ends_of(self._ends, fs))
 
     def keys(self, *, build: bool = False, max_items: int | None = None) -> tuple[Numbering, list[ConnPart]]:
         """Stage 3a, collected: the numbering (and with ``build`` the timeline part of each connection)."""
@@ -162,8 +183,9 @@ class Pipeline:
         if self._timeline is not None and self._timeline[2] == max_items:
             return self._timeline[0]
         num, parts = self.keys(build=True, max_items=max_items)
-        t, counts = merge_timelines(parts, num.frames_of)
+        t, counts = merge_timelines(parts, num.frames_of, capture_sets=file_sets(self.sets))
         t.renumber(num.frame, num.conn_ids)
+        t.set_first = num.set_first(len(self.sets))
         self._timeline = (t, counts, max_items)
         return t
 

@@ -7,7 +7,9 @@ Options:
 * ``ports``: comma-separated memcached server ports (default 11210,11209,11211);
 * ``detect``: ``true``/``false`` - also decode other ports that look like memcached binary;
 * ``reveal_secrets``: ``true`` to keep SASL secrets;
-* ``split_size``: bytes per range (``segments``/``ranges``).
+* ``split_size``: bytes per range (``segments``/``ranges``);
+* ``capture_sets``: ``auto`` (default), ``one`` or ``per-file`` - which files
+  are read as one capture (:mod:`dcpinspect.capture.sets`).
 
 ``load(path)`` takes a file, a glob or a directory; several paths may be
 given comma-separated.  A data source reader cannot shuffle, so ``frames``
@@ -106,23 +108,26 @@ class _Reader(DataSourceReader):
             if v is not None:
                 yield range_segments(*v)
             return
+        mode = self.options.get("capture_sets", "auto")
         if self.table == "status":
-            yield from _status(self.paths)
+            yield from _status(self.paths, mode)
             return
         from ..tables.columnar import read_batches
 
         o = _options(self.options)
-        for b in read_batches(self.paths, server_ports=o.server_ports, detect=o.detect, reveal_secrets=o.reveal_secrets):
+        for b in read_batches(self.paths, server_ports=o.server_ports, detect=o.detect, reveal_secrets=o.reveal_secrets, capture_sets=mode):
             yield spark_batch(b)
 
 
-def _status(paths: list[str]) -> Iterator[tuple[Any, ...]]:
+def _status(paths: list[str], mode: str = "auto") -> Iterator[tuple[Any, ...]]:
     from ..capture.read import capture_segments
+    from ..capture.sets import file_sets, plan_capture_sets
     from ..flows.records import CaptureStats
 
     st = CaptureStats()
     for _ in capture_segments(paths, st):
         pass
+    sets = file_sets(plan_capture_sets(paths, mode))
     for i, p in enumerate(paths):
         info = st.files.get(p, {})
         status = "error" if info.get("error") else "problems" if info.get("problems") else "ok"
@@ -135,4 +140,5 @@ def _status(paths: list[str]) -> Iterator[tuple[Any, ...]]:
             info.get("error"),
             info.get("problems", []),
             info.get("linktypes", []),
+            sets.get(p, 1),
         )

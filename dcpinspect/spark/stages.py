@@ -43,6 +43,7 @@ __all__ = [
     "by_connection",
     "capture_end",
     "connection_sizes",
+    "file_ends",
     "file_status",
     "range_packed",
     "range_segments",
@@ -241,7 +242,7 @@ def _range_parts(
         f = fs.open_input_file(p)
     except (OSError, FileNotFoundError) as exc:
         reason = os.strerror(exc.errno) if isinstance(exc.errno, int) else str(exc)
-        error = str(CaptureError(path, 0, f"cannot open: {reason}"))
+        error = str(CaptureError(path, None, f"cannot open: {reason}"))
     else:
         with f:
             data = f.read_at(end - start, start) if end > start else b""
@@ -409,12 +410,13 @@ def segments(ranges: Any) -> Any:
 
 
 STATUS_DDL = (
-    "file_index int, path string, status string, format string, packets long, error string, problems array<string>, linktypes array<int>"
+    "file_index int, path string, status string, format string, packets long, error string, problems array<string>, linktypes array<int>, "
+    "capture_set int"
 )
 
 
-def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
-    """The per-file status rows (:data:`STATUS_DDL`) from the range status rows (``kind`` 1) of the segments."""
+def status_rows(ranges: pa.Table, file_set: tuple[int, ...] = ()) -> list[tuple[Any, ...]]:
+    """The per-file status rows (:data:`STATUS_DDL`) from the range status rows (``kind`` 1) of the segments (``file_set``: each file's capture set, else 1)."""
     files: dict[int, list[dict[str, Any]]] = {}
     for r in ranges.to_pylist():
         if r["kind"] == 1:
@@ -434,7 +436,10 @@ def status_rows(ranges: pa.Table) -> list[tuple[Any, ...]]:
         packets = [r["packets"] for r in rs if r["packets"] is not None]
         status = "error" if error is not None else "problems" if problems else "ok"
         linktypes = sorted({lt for r in rs for lt in r["linktypes"] or ()})
-        out.append((fi, rs[0]["path"], status, max(formats, default=None), sum(packets) if packets else None, error, problems, linktypes))
+        cs = file_set[fi] if fi < len(file_set) else 1
+        out.append(
+            (fi, rs[0]["path"], status, max(formats, default=None), sum(packets) if packets else None, error, problems, linktypes, cs)
+        )
     return out
 
 
@@ -445,12 +450,22 @@ def file_status(segs: Any) -> Any:
 
 
 STATUS_INPUT = ("range_index", "format", "error", "problems", "packets", "linktypes")
-STATUS_NAMES = ("file_index", "path", "status", "format", "packets", "error", "problems", "linktypes")
+STATUS_NAMES = ("file_index", "path", "status", "format", "packets", "error", "problems", "linktypes", "capture_set")
 
 
 def status_table(rows: list[dict[str, Any]]) -> pa.Table:
     """The per-file status table (:data:`STATUS_NAMES`) in Arrow, from its rows as dicts."""
-    types = [pa.int32(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.string(), pa.list_(pa.string()), pa.list_(pa.int32())]
+    types = [
+        pa.int32(),
+        pa.string(),
+        pa.string(),
+        pa.string(),
+        pa.int64(),
+        pa.string(),
+        pa.list_(pa.string()),
+        pa.list_(pa.int32()),
+        pa.int32(),
+    ]
     return pa.table({k: pa.array([r[k] for r in rows], t) for k, t in zip(STATUS_NAMES, types, strict=True)})
 
 
@@ -464,6 +479,16 @@ def connection_sizes(rows: pa.Table) -> tuple[list[tuple[str, int]], tuple[int, 
             weight[ck] = weight.get(ck, 0) + w
             end = max(end, (g, t))
     return sorted(weight.items()), (int(end[1]), int(end[0]))
+
+
+def file_ends(rows: pa.Table) -> dict[int, tuple[int, int]]:
+    """From the connection summaries (``kind`` 2) of the segments: each file's last TCP segment, ``(gpos, ts)``."""
+    out: dict[int, tuple[int, int]] = {}
+    cols = (rows.column(c).to_pylist() for c in ("kind", "file_index", "gpos", "ts"))
+    for k, fi, g, t in zip(*cols, strict=True):
+        if k == 2:
+            out[fi] = max(out.get(fi, (0, 0)), (int(g), int(t)))
+    return out
 
 
 SEG_INPUT = ("file_index", "gpos", "ts", "src", "sport", "dst", "dport", "seq", "flags", "poff", "plen", "missing")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -214,9 +214,13 @@ class Parts:
             yield ck, pickle.dumps(conn.part(max_items), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def merge_timelines(parts: list[ConnPart], frames_of: Callable[[list[int]], list[int]] | None = None) -> tuple[Timeline, dict[int, int]]:
-    """:func:`dcpinspect.timeline.merge.merge_timelines` of parts whose seqno histories were compressed here."""
-    return merge_parts(parts, frames_of, rises=_unhistory)
+def merge_timelines(
+    parts: list[ConnPart],
+    frames_of: Callable[[list[int]], list[int]] | None = None,
+    capture_sets: Mapping[str, int] | None = None,
+) -> tuple[Timeline, dict[int, int]]:
+    """:func:`dcpinspect.timeline.merge.merge_timelines` of parts whose seqno histories were compressed here (``capture_sets``: file -> set)."""
+    return merge_parts(parts, frames_of, rises=_unhistory, capture_sets=capture_sets)
 
 
 def _rises_blob(ks: list[int], qs: list[int]) -> bytes:

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from ..capture.sets import Plan, read_sets
 from ..flows.reassembly import (
     ACK,
     CLOSE_BASE,
@@ -78,7 +79,7 @@ from ..flows.reassembly import (
     plausible_start,
     tls_record,
 )
-from ..flows.records import CaptureStats, Record, Recorder, gc_paused
+from ..flows.records import FIRST_SET, CaptureStats, Record, Recorder, SetPlace, gc_paused
 from ..flows.session import Sessions
 from ..protocol import spec
 from ..protocol.session import SESSION_OPS
@@ -86,12 +87,41 @@ from ..wire.decoder import DEFAULT_MAX_BODY, FrameDecoder, chain_frames, plausib
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame
 from .columns import FrameColumns
-from .frames_vector import SCHEMA, FrameRows, header_array, ts_array, value_columns
+from .frames_vector import SCHEMA, FrameRows, header_array, set_columns, ts_array, value_columns
 
 if TYPE_CHECKING:
     from .packets_vector import SegmentWindow
 
-__all__ = ["CLOSE_BASE", "DIRECTIONS", "PartArrays", "TablePart", "decode_windows", "frame_walk", "read_batches", "read_parts"]
+__all__ = [
+    "CLOSE_BASE",
+    "DIRECTIONS",
+    "SET_SHIFT",
+    "PartArrays",
+    "TablePart",
+    "decode_windows",
+    "frame_walk",
+    "read_batches",
+    "read_parts",
+    "set_keys",
+]
+
+#: a numbering key of a run of several capture sets: ``set << SET_SHIFT | key within the set`` (see :func:`set_keys`)
+SET_SHIFT = 48
+_SET_CLOSE = 1 << (SET_SHIFT - 1)
+
+
+def set_keys(k1: np.ndarray, ck: np.ndarray, capture_set: int) -> tuple[np.ndarray, np.ndarray]:
+    """Numbering keys ``k1`` and ``ck`` of one capture set made keys of the run: every key of a set sorts before the next set's.
+
+    Within a set the order is kept: capture positions, then the rows held to
+    the set's end (``k1`` at or past :data:`CLOSE_BASE`) in connection order.
+    Positions within a set stay below ``2**47`` and sets below ``2**15``.
+    """
+    top = np.int64(capture_set) << SET_SHIFT
+    held = k1 >= CLOSE_BASE
+    k = np.where(held, (k1 - CLOSE_BASE) | _SET_CLOSE, k1) if held.any() else k1
+    return k | top, ck | top
+
 
 _MASK32 = 0xFFFFFFFF
 _WINDOW = 16 << 20
@@ -428,8 +458,12 @@ class _Decode:
         json_check: bool,
         rows: int,
         hole_wait: int | None,
+        place: SetPlace = FIRST_SET,
+        key_set: int = 0,
     ) -> None:
         self.proof = proof
+        self.place = place
+        self.key_set = key_set
         self.paths = paths
         self.file_index = {p: i for i, p in enumerate(paths)}
         self.stats = stats
@@ -451,8 +485,8 @@ class _Decode:
         self.sessions = Sessions({}, reveal_secrets)
         self.conns: dict[int, _Conn] = {}  # tuple -> its connection
         self.by_gid: dict[int, Connection] = {}
-        self.next_gid = 1
-        self.number = 0
+        self.next_gid = place.conn_base + 1
+        self.number = place.frame_base
         self.last: tuple[int, int, str] | None = None  # (ts, number, path) of the capture's last segment
         self.pending: dict[int, _Conn] = {}  # simple connections not yet known (waiting for their first payload)
         self._k2: dict[int, int] = {}  # a packet's position -> the next k2 of the rows it emitted (this window)
@@ -810,7 +844,7 @@ class _Decode:
             b = min(m, a + self.rows)
             first = self.number + 1
             self.number += b - a
-            yield TablePart(t, a, b, self.paths, first, self._batch)
+            yield TablePart(t, a, b, self.paths, first, self._batch, place=self.place, key_set=self.key_set)
 
     def _table(self, kind: np.ndarray, ref: np.ndarray, rows: _Rows) -> _Table:
         """Every row's record columns, bytes and context as arrays (walked frames at once; events and records one by one)."""
@@ -939,6 +973,7 @@ class _Decode:
         gid = t.gid[a:b]
         cols["file"] = pa.array(self.paths, pa.string()).take(pa.array(t.file[a:b]))
         cols["frame"] = pa.array(np.arange(first_number, first_number + n, dtype=np.int64))
+        cols.update(set_columns(self.place.capture_set, first_number - self.place.frame_base, n))
         cols["conn_id"] = pa.array(gid.astype(np.int32))
         cols["conn"] = t.labels.take(pa.array(gid))
         cols["dir"] = _DIRS.take(pa.array(t.dir[a:b]))
@@ -1237,6 +1272,8 @@ class TablePart:
     first: int  # the frame number of the first row
     _make: Callable[[_Table, int, int, int], pa.RecordBatch]
     _batch: pa.RecordBatch | None = None
+    place: SetPlace = FIRST_SET  # its capture set, and the frames and connections of the sets before it
+    key_set: int = 0  # not 0: :attr:`keys` are the run's keys of this capture set (:func:`set_keys`)
 
     @property
     def batch(self) -> pa.RecordBatch:
@@ -1260,6 +1297,9 @@ class TablePart:
         the rows of the connections each one reads.
         """
         t, a, b = self._t, self._a, self._b
+        if self.key_set:
+            k1, ck = set_keys(t.k1[a:b], t.ck[a:b], self.key_set)
+            return k1, t.k2[a:b], ck
         return t.k1[a:b], t.k2[a:b], t.ck[a:b]
 
     def events(self) -> list[Event]:
@@ -1300,8 +1340,9 @@ class TablePart:
         rel = idx - a
         num = (rel + self.first).tolist() if numbers is None else _pick(numbers, rel)
         cks = gids if conns is None else _pick(conns, rel)
+        cset, base = self.place.capture_set, self.place.frame_base
         return [
-            Record(number, paths[f], conn, labels[gid], DIRECTIONS[d], ts, ts_first, packet, packet_first, ev, contexts[ctx])
+            Record(number, paths[f], conn, labels[gid], DIRECTIONS[d], ts, ts_first, packet, packet_first, ev, contexts[ctx], cset, base)
             for number, conn, gid, f, d, ts, ts_first, packet, packet_first, ctx, ev in zip(
                 num,
                 cks,
@@ -1337,8 +1378,9 @@ def read_parts(
     progress: Callable[[str, int], None] | None = None,
     window: int = _WINDOW,
     hole_wait: int | None = None,
+    capture_sets: Plan = "auto",
 ) -> Iterator[TablePart]:
-    """The frames table of capture files (read in order, as one capture) in parts of at most ``rows`` rows.
+    """The frames table of capture files in parts of at most ``rows`` rows, each capture set read in order as one capture.
 
     ``stats`` gets what the read saw besides frames (per-file reports,
     skipped packets, connections, what each negotiated); ``json_check=False``
@@ -1346,13 +1388,53 @@ def read_parts(
     ``not checked``); ``progress(path, offset)`` is called as the files are
     read; ``hole_wait`` is how many packets a hole in a TCP stream is waited
     for (:class:`~dcpinspect.flows.reassembly.Reassembler`).  Unreadable files are reported in ``stats.files``, never raised.
+    ``capture_sets`` is ``auto``, ``one`` or ``per-file``
+    (:func:`~dcpinspect.capture.sets.plan_capture_sets`): a part holds rows
+    of one set (:attr:`TablePart.place`); ``stats.sets`` gets the plan.
     """
+    st = stats if stats is not None else CaptureStats()
+
+    def one(files: list[str], sub: CaptureStats, place: SetPlace) -> Iterator[TablePart]:
+        return _read_set(
+            files,
+            sub,
+            place,
+            rows=rows,
+            server_ports=server_ports,
+            detect=detect,
+            tls_ports=tls_ports,
+            max_body=max_body,
+            reveal_secrets=reveal_secrets,
+            json_check=json_check,
+            progress=progress,
+            window=window,
+            hole_wait=hole_wait,
+        )
+
+    return read_sets([str(p) for p in paths], capture_sets, st, one)
+
+
+def _read_set(
+    paths: list[str],
+    st: CaptureStats,
+    place: SetPlace,
+    *,
+    rows: int,
+    server_ports: Iterable[int],
+    detect: bool,
+    tls_ports: Iterable[int],
+    max_body: int,
+    reveal_secrets: bool,
+    json_check: bool,
+    progress: Callable[[str, int], None] | None,
+    window: int,
+    hole_wait: int | None,
+) -> Iterator[TablePart]:
+    """:func:`read_parts` of one capture set."""
     import os
 
     from .packets_vector import forget_pages, segment_windows
 
-    paths = [str(p) for p in paths]
-    st = stats if stats is not None else CaptureStats()
     size = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
     cache: list[SegmentWindow] | None = [] if size <= _CACHE_BYTES else None
 
@@ -1392,6 +1474,7 @@ def read_parts(
         reveal_secrets=reveal_secrets,
         json_check=json_check,
         hole_wait=hole_wait,
+        place=place,
     )
 
 
@@ -1409,6 +1492,8 @@ def decode_windows(
     json_check: bool = True,
     known_at: dict[int, int] | None = None,
     hole_wait: int | None = None,
+    place: SetPlace = FIRST_SET,
+    key_set: int = 0,
 ) -> Iterator[TablePart]:
     """The frames table of the TCP segments ``windows(first)`` gives (twice: ``first`` is True for the proof's pass).
 
@@ -1418,6 +1503,9 @@ def decode_windows(
     files their ``file_index`` names.  :attr:`TablePart.keys` number the rows
     as a read of the whole capture would; at the end, ``known_at`` (if given)
     holds every connection's ``ck`` by id, those without rows too.
+    ``place`` numbers the rows and connections after the capture sets
+    before (a single process); ``key_set`` makes the keys the run's keys of
+    that set (Spark: :func:`set_keys`; ``known_at`` too).
     """
     ports = frozenset(server_ports)
     tls = frozenset(tls_ports)
@@ -1436,6 +1524,8 @@ def decode_windows(
         json_check=json_check,
         rows=rows,
         hole_wait=hole_wait,
+        place=place,
+        key_set=key_set,
     )
 
     def made() -> Iterator[TablePart]:
@@ -1443,7 +1533,8 @@ def decode_windows(
             yield from dec.window(w)
         yield from dec.close()
         if known_at is not None:
-            known_at.update(dec.known_at)
+            top = key_set << SET_SHIFT
+            known_at.update({g: ck | top for g, ck in dec.known_at.items()} if key_set else dec.known_at)
 
     return gc_paused(made())
 

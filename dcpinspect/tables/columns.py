@@ -49,7 +49,9 @@ _NOT_JSON = "not valid JSON"  # what every JSON problem of the dissector says
 #: the columns every row takes from its record: (name, Arrow type, description)
 _RECORD_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("file", "string", "capture file"),
-    ("frame", "int64", "record number in the capture (1-based, in order of completion)"),
+    ("frame", "int64", "record number in the run (1-based, in order of completion; each capture set's frames are contiguous)"),
+    ("capture_set", "int32", "the capture set (files of one recording, read as one capture; 1-based)"),
+    ("set_frame", "int64", "record number within its capture set (1-based): with the file, what `show FILE --frame N` takes"),
     ("conn_id", "int32", "connection number"),
     ("conn", "string", "client ip:port -> server ip:port"),
     ("dir", "string", "c2s (client to server) or s2c"),
@@ -104,10 +106,14 @@ FRAME_VALUE_COLUMNS = tuple(c[0] for c in _FRAME_VALUE_COLUMNS)
 #: the columns of ``dcpinspect frames --json`` (one object per line)
 JSON_COLUMNS = (
     "file",
+    "capture_set",
+    "set_frame",
+    "conn_id",
     "conn",
     "dir",
     "ts",
     "frame",
+    "type",
     "magic",
     "opcode",
     "name",
@@ -210,6 +216,8 @@ class FrameColumns:
         self.rows += 1
         c["file"].append(rec.file)
         c["frame"].append(rec.number)
+        c["capture_set"].append(rec.capture_set)
+        c["set_frame"].append(rec.number - rec.set_base)
         c["conn_id"].append(rec.conn)
         c["conn"].append(rec.conn_label)
         c["dir"].append(rec.direction)

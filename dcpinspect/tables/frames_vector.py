@@ -74,6 +74,7 @@ __all__ = [
     "chunk_rows",
     "header_array",
     "record_batches",
+    "set_columns",
     "ts_array",
     "value_columns",
 ]
@@ -606,6 +607,7 @@ def _record_columns(chunk: RecordChunk) -> dict[str, pa.Array]:
     counts = np.array(chunk.counts, np.int64)
     cols["file"] = _repeat_strings(chunk.file, counts)
     cols["frame"] = pa.array(np.arange(chunk.first_number, chunk.first_number + n, dtype=np.int64))
+    cols.update(set_columns(chunk.capture_set, chunk.first_number - chunk.set_base, n))
     conn = np.repeat(np.array(chunk.conn, np.int32), counts)
     cols["conn_id"] = pa.array(conn)
     label_ids = np.array(sorted(chunk.labels), np.int32)
@@ -625,6 +627,14 @@ def _record_columns(chunk: RecordChunk) -> dict[str, pa.Array]:
     cols["packet"] = pa.array(packet)
     cols["packet_first"] = pa.array(packet_first)
     return cols
+
+
+def set_columns(capture_set: int, first_set_frame: int, n: int) -> dict[str, pa.Array]:
+    """``capture_set`` and ``set_frame`` of ``n`` rows of one capture set, numbered within it from ``first_set_frame``."""
+    return {
+        "capture_set": pa.array(np.full(n, capture_set, np.int32)),
+        "set_frame": pa.array(np.arange(first_set_frame, first_set_frame + n, dtype=np.int64)),
+    }
 
 
 def _times(values: list[int]) -> np.ndarray:

@@ -71,6 +71,7 @@ from ..capture.pcapfile import (
     CaptureError,
     CaptureRange,
     CaptureReader,
+    is_gzip,
     time_problem,
     ts_scale,
 )
@@ -687,12 +688,12 @@ def _segments(u8: np.ndarray, base: int, rec: _Records, path: str, skipped: Coun
 
 
 def _map(path: str) -> mmap.mmap | None:
-    """The whole file, mapped read-only; None when it cannot be (not there, empty, not a regular file)."""
+    """The whole file, mapped read-only; None when it cannot be (not there, empty, not a regular file) or must not be (gzip'ed: its reader decompresses it)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # never opened here: a pipe has one reader
             return None
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
+            if os.fstat(f.fileno()).st_size == 0 or is_gzip(f.read(2)):
                 return None
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):

@@ -2,10 +2,13 @@
 
 :func:`timeline_frames` turns a :class:`~dcpinspect.timeline.model.Timeline` into
 one DataFrame per kind of thing - connections, streams, attempts, snapshots,
-items, failover entries (with branch ids), rollbacks (with explanations),
-flow-control samples, stalls, noops, anomalies - each carrying the frame numbers that
-link back to the frames table and its annotations.  :func:`story` is the
-readable per-stream text of ``dcpinspect timeline``.
+items, failover entries (with branch ids and their history), rollbacks (with
+explanations), flow-control samples, stalls, noops, anomalies - each carrying
+the frame numbers that link back to the frames table and its annotations, and
+the ``capture_set`` and ``file`` of its connection.  :func:`story` is the
+readable per-stream text of ``dcpinspect timeline``: the failover branch tree
+of each vbucket per capture set and history (:mod:`dcpinspect.timeline.rollback`).
+UUIDs are written as 16 hex digits everywhere (``0x00000000feeddeca``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from ..protocol import spec
-from ..timeline import MAX_SEQNO, Stream, Timeline
+from ..timeline import MAX_SEQNO, Branch, Stream, Timeline
+from ..timeline.rollback import hex_uuid
+from ..wire.render import plural
 
 __all__ = ["story", "timeline_frames"]
 
@@ -42,11 +47,27 @@ def _ts(values: list[int]) -> pd.DatetimeIndex:
     return pd.to_datetime(np.array(values, np.int64), unit="ns", utc=True)
 
 
-def _items(streams: list[tuple[int, Stream]]) -> pd.DataFrame:
+def _where(t: Timeline) -> dict[int | None, tuple[int, str]]:
+    """Conn -> (its capture set, its file)."""
+    return {c.conn: (c.capture_set, c.file) for c in t.connections.values()}
+
+
+def _placed(df: pd.DataFrame, where: dict[int | None, tuple[int, str]]) -> pd.DataFrame:
+    """``df`` with the ``capture_set`` and ``file`` of each row's connection (set 1 and no file for an unknown one)."""
+    conns = df["conn"].tolist() if "conn" in df.columns else [None] * len(df)
+    placed = [where.get(c, (1, "")) for c in conns]
+    at = df.columns.get_loc("conn") + 1 if "conn" in df.columns else len(df.columns)
+    df.insert(at, "capture_set", pd.array([p[0] for p in placed], dtype="int64"))
+    df.insert(at + 1, "file", [p[1] for p in placed])
+    return df
+
+
+def _items(streams: list[tuple[int, Stream]], where: dict[int | None, tuple[int, str]]) -> pd.DataFrame:
     """One row per item, built column by column (millions of rows)."""
     if not streams:
-        return _df([], ["stream", "seqno"], ("seqno",))
-    cols: dict[str, list[Any]] = {k: [] for k in ("stream", "conn", "vbucket", "frame", "ts", "name", "seqno", "snapshot")}
+        return _df([], ["stream", "capture_set", "file", "seqno"], ("seqno",))
+    keys = ("stream", "conn", "capture_set", "file", "vbucket", "frame", "ts", "name", "seqno", "snapshot")
+    cols: dict[str, list[Any]] = {k: [] for k in keys}
     names: dict[int, str] = {}
     for i, s in streams:
         n = len(s.items)
@@ -56,6 +77,9 @@ def _items(streams: list[tuple[int, Stream]]) -> pd.DataFrame:
             names[op] = cmd.name if cmd else hex(op)
         cols["stream"] += [i] * n
         cols["conn"] += [s.conn] * n
+        cs, file = where.get(s.conn, (1, ""))
+        cols["capture_set"] += [cs] * n
+        cols["file"] += [file] * n
         cols["vbucket"] += [s.vbucket] * n
         cols["frame"] += frame
         cols["ts"] += ts
@@ -65,27 +89,44 @@ def _items(streams: list[tuple[int, Stream]]) -> pd.DataFrame:
     return pd.DataFrame({**cols, "ts": _ts(cols["ts"]), "seqno": pd.array(cols["seqno"], dtype=_U64)})
 
 
-def _flow(t: Timeline) -> pd.DataFrame:
+def _flow(t: Timeline, where: dict[int | None, tuple[int, str]]) -> pd.DataFrame:
     if not t.flow:
-        return _df([], ["conn", "frame", "outstanding"])
+        return _df([], ["conn", "capture_set", "file", "frame", "outstanding"])
     conn, frame, ts, outstanding, event, size = zip(*t.flow, strict=True)
-    return pd.DataFrame({"conn": conn, "frame": frame, "ts": _ts(list(ts)), "outstanding": outstanding, "event": event, "size": size})
+    placed = {c: where.get(c, (1, "")) for c in set(conn)}
+    return pd.DataFrame(
+        {
+            "conn": conn,
+            "capture_set": pd.array([placed[c][0] for c in conn], dtype="int64"),
+            "file": [placed[c][1] for c in conn],
+            "frame": frame,
+            "ts": _ts(list(ts)),
+            "outstanding": outstanding,
+            "event": event,
+            "size": size,
+        }
+    )
 
 
 def timeline_frames(t: Timeline, *, items: bool = True) -> dict[str, pd.DataFrame]:
-    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``); ``items=False`` leaves out items and flow."""
+    """The timeline's DataFrames (uint64 seqnos and UUIDs as nullable ``UInt64``); ``items=False`` leaves out items and flow.
+
+    Every table has the ``capture_set`` and ``file`` of its rows' connection
+    (the failover table: of the logs that showed the branch, and its ``history``).
+    """
+    where = _where(t)
     tables = {
         "connections": _connections(t),
-        "streams": _streams(t),
-        "attempts": _attempts(t),
-        "snapshots": _snapshots(t),
-        "items": _items([(i, s) for i, s in enumerate(t.streams) if s.items]) if items else None,
+        "streams": _placed(_streams(t), where),
+        "attempts": _placed(_attempts(t), where),
+        "snapshots": _placed(_snapshots(t), where),
+        "items": _items([(i, s) for i, s in enumerate(t.streams) if s.items], where) if items else None,
         "failover": _failover(t),
-        "rollbacks": _rollbacks(t),
-        "flow": _flow(t) if items else None,
-        "noops": _nullable(_df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]), "rtt_ns"),
-        "stalls": _nullable(_df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]), "duration_ns"),
-        "anomalies": _anomalies(t),
+        "rollbacks": _placed(_rollbacks(t), where),
+        "flow": _flow(t, where) if items else None,
+        "noops": _placed(_nullable(_df(t.noops, ["conn", "frame", "reply_frame", "rtt_ns"]), "rtt_ns"), where),
+        "stalls": _placed(_nullable(_df(t.stalls, ["conn", "frame", "ack_frame", "duration_ns"]), "duration_ns"), where),
+        "anomalies": _placed(_anomalies(t), where),
     }
     return {k: v for k, v in tables.items() if v is not None}
 
@@ -94,6 +135,8 @@ def _connections(t: Timeline) -> pd.DataFrame:
     rows = [
         {
             "conn": c.conn,
+            "capture_set": c.capture_set,
+            "file": c.file,
             "label": c.label,
             "name": c.name,
             "side": c.side,
@@ -109,7 +152,7 @@ def _connections(t: Timeline) -> pd.DataFrame:
         }
         for c in t.connections.values()
     ]
-    return _df(rows, list(rows[0]) if rows else ["conn"])
+    return _df(rows, list(rows[0]) if rows else ["conn", "capture_set", "file"])
 
 
 def _streams(t: Timeline) -> pd.DataFrame:
@@ -203,9 +246,13 @@ def _snapshots(t: Timeline) -> pd.DataFrame:
 
 
 def _failover(t: Timeline) -> pd.DataFrame:
+    where = _where(t)
     rows = [
         {
+            "capture_set": b.capture_set,
+            "file": where.get(b.conn, (1, ""))[1],  # of the connection whose log first showed it
             "vbucket": vb,
+            "history": b.history,
             "branch": b.order,
             "uuid": b.uuid,
             "seqno": b.seqno,
@@ -216,7 +263,7 @@ def _failover(t: Timeline) -> pd.DataFrame:
         for vb, branches in t.branches.items()
         for b in branches
     ]
-    return _df(rows, list(rows[0]) if rows else ["vbucket", "uuid", "seqno"], ("uuid", "seqno", "cut_by"))
+    return _df(rows, list(rows[0]) if rows else ["capture_set", "file", "vbucket", "history", "uuid", "seqno"], ("uuid", "seqno", "cut_by"))
 
 
 def _anomalies(t: Timeline) -> pd.DataFrame:
@@ -249,10 +296,14 @@ def _seq(v: int | None) -> str:
 def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -> str:
     """The timeline as text: per connection what was negotiated, per stream what happened."""
     out: list[str] = []
+    files = {c.file for c in t.connections.values()}
+    sets = _sets(t)
     for c in t.connections.values():
         if conn is not None and c.conn != conn:
             continue
         bits = [f"conn {c.conn} {c.label}"]
+        if len(files) > 1 or len(sets) > 1:
+            bits[0] += f" ({'capture set ' + str(c.capture_set) + ', ' if len(sets) > 1 else ''}{c.file})"
         if c.name:
             bits.append(f"DCP_OPEN {c.name!r} ({c.side}, flags 0x{c.open_flags or 0:x})")
         if c.features:
@@ -271,14 +322,7 @@ def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -
             continue
         out.append("")
         out.append(_stream_story(s))
-    for vb, branches in sorted(t.branches.items()):
-        if vbucket is not None and vb != vbucket:
-            continue
-        out.append("")
-        out.append(f"vbucket {vb} failover branches (oldest first):")
-        for b in sorted(branches, key=lambda b: (b.seqno, b.order)):
-            cut = f"  cut at frame {b.cut_frame}" + (f" by 0x{b.cut_by:x}" if b.cut_by is not None else "") if b.cut_frame else ""
-            out.append(f"  uuid 0x{b.uuid:016x} from seqno {b.seqno} (first seen frame {b.first_frame}){cut}")
+    out.extend(_branch_story(t, vbucket, conn))
     loose = [a for a in t.anomalies if a.vbucket is None and (conn is None or a.conn == conn)]
     if loose and vbucket is None:
         out.append("")
@@ -287,6 +331,43 @@ def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -
             f"  [{a.kind}] {a.message} (frames {_frames(a.frames)}){' (uncertain: bytes lost)' if a.uncertain else ''}" for a in loose
         )
     return "\n".join(out).strip() + "\n"
+
+
+def _sets(t: Timeline) -> set[int]:
+    return {c.capture_set for c in t.connections.values()} | {b.capture_set for bs in t.branches.values() for b in bs}
+
+
+def _branch_story(t: Timeline, vbucket: int | None, conn: int | None) -> list[str]:
+    """The failover branch tree of each vbucket, per capture set and history (each named only where there is more than one).
+
+    With ``conn``, only the histories that connection showed or asked for (a
+    log of it, or a uuid of its requests and logs).
+    """
+    histories = t.histories()
+    sets = _sets(t)
+    per_vb: dict[tuple[int, int], int] = {}
+    for cs, vb, _h in histories:
+        per_vb[(cs, vb)] = per_vb.get((cs, vb), 0) + 1
+    seen: set[tuple[int, int]] = set()  # (vbucket, uuid) the connection asked for or was told
+    if conn is not None:
+        for s in t.streams:
+            if s.conn == conn:
+                seen.update((s.vbucket, u) for a in s.attempts for u in [a.uuid, *(e[0] for e in a.failover_log)])
+    out: list[str] = []
+    for (cs, vb, h), branches in histories.items():
+        if vbucket is not None and vb != vbucket:
+            continue
+        if conn is not None and not any(b.conn == conn or (vb, b.uuid) in seen for b in branches):
+            continue
+        where = f"vbucket {vb}" + (f", capture set {cs}" if len(sets) > 1 else "") + (f", history {h}" if per_vb[(cs, vb)] > 1 else "")
+        out += ["", f"{where} failover branches (oldest first):"]
+        out += [_branch_line(b) for b in sorted(branches, key=lambda b: (b.seqno, b.order))]
+    return out
+
+
+def _branch_line(b: Branch) -> str:
+    cut = f"  cut at frame {b.cut_frame}" + (f" by {hex_uuid(b.cut_by)}" if b.cut_by is not None else "") if b.cut_frame else ""
+    return f"  uuid {hex_uuid(b.uuid)} from seqno {b.seqno} (first seen frame {b.first_frame}){cut}"
 
 
 def _frames(frames: list[int]) -> str:
@@ -301,9 +382,9 @@ def _stream_story(s: Stream) -> str:
     )
     lines = [head]
     for a in s.attempts:
-        req = f"  frame {a.frame}: STREAM_REQ start {_seq(a.start)} end {_seq(a.end)} uuid 0x{a.uuid:x} snapshot {_seq(a.snap_start)}-{_seq(a.snap_end)}"
+        req = f"  frame {a.frame}: STREAM_REQ start {_seq(a.start)} end {_seq(a.end)} uuid {hex_uuid(a.uuid)} snapshot {_seq(a.snap_start)}-{_seq(a.snap_end)}"
         if a.outcome == "success":
-            log = ", ".join(f"0x{u:x}@{q}" for u, q in a.failover_log)
+            log = ", ".join(f"{hex_uuid(u)}@{q}" for u, q in a.failover_log)
             req += f" -> success (frame {a.response_frame}), failover log [{log}]"
         elif a.outcome == "rollback":
             req += f" -> ROLLBACK to {_seq(a.rollback_seqno)} (frame {a.response_frame})"
@@ -318,13 +399,13 @@ def _stream_story(s: Stream) -> str:
         lines.append("  (stream request not captured)")
     for sn in s.snapshots[:50]:
         lines.append(
-            f"  frame {sn.frame}: snapshot {sn.start}-{sn.end} {_snap_type(sn.flags)} {sn.version}: {sn.items} items"
+            f"  frame {sn.frame}: snapshot {sn.start}-{sn.end} {_snap_type(sn.flags)} {sn.version}: {plural(sn.items, 'item')}"
             + (f" {sn.first_seqno}..{sn.last_seqno}" if sn.items else "")
             + ("" if sn.complete else " (incomplete)")
         )
     if len(s.snapshots) > 50:
         lines.append(f"  ... {len(s.snapshots) - 50} more snapshots")
-    lines.append(f"  {len(s.items)} items, last seqno {_seq(s.last_seqno)}")
+    lines.append(f"  {plural(len(s.items), 'item')}, last seqno {_seq(s.last_seqno)}")
     if s.end is not None:
         lines.append(f"  frame {s.end['frame']}: STREAM_END {s.end['name']} ({s.end['status']})")
     for an in s.anomalies:

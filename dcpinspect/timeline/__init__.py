@@ -5,9 +5,11 @@ Theory of operation: a :class:`TimelineBuilder` takes
 bulk (a capture) - the result is the same either way - and keeps, per
 connection, what it negotiated and which requests await an answer, and per
 stream segment its attempts (every DCP_STREAM_REQ and its outcome), snapshots
-with the items inside them, and its end.  Across connections it merges every
-failover log seen into a per-vbucket branch tree and explains each rollback by
-replaying the producer's rule.  :func:`~dcpinspect.timeline.merge.merge_timelines`
+with the items inside them, and its end.  Across connections it groups the
+failover logs of each vbucket into histories - never across capture sets
+(``TimelineBuilder(capture_sets)``: file -> set), within one only logs that
+share an entry - each a branch tree, and explains each rollback by replaying
+the producer's rule on its stream's own history.  :func:`~dcpinspect.timeline.merge.merge_timelines`
 puts per-connection timelines built apart (Spark) back together.
 
 Modules, bottom up: :mod:`.model` (the data), :mod:`.transitions` (a stream
@@ -55,6 +57,7 @@ from .model import (
     Branch,
     ConnectionInfo,
     FlowSample,
+    HistoryKey,
     Item,
     Snapshot,
     Stream,
@@ -71,6 +74,7 @@ __all__ = [
     "Branch",
     "ConnectionInfo",
     "FlowSample",
+    "HistoryKey",
     "Item",
     "Snapshot",
     "Stream",

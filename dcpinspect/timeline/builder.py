@@ -15,7 +15,7 @@ commands as they pass.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -48,6 +48,9 @@ Handler = Callable[["TimelineBuilder", Conn, Record, Header], None]
 class TimelineBuilder(RunHandlers):
     """Feed records; ask for :meth:`timeline` at any time (live) or at the end (bulk).
 
+    ``capture_sets`` maps a file to its capture set (1-based): a connection
+    belongs to the set of its first record's file (a file not in it: set 1),
+    and failover histories never cross sets (:mod:`~dcpinspect.timeline.rollback`).
     With ``max_items`` the builder keeps at most about ``2 * max_items``
     evenly spaced items per stream (and flow samples), and the true count of
     each (:meth:`items_seen`); every item and flow sample passes through the
@@ -57,12 +60,13 @@ class TimelineBuilder(RunHandlers):
 
     def __init__(
         self,
+        capture_sets: Mapping[str, int] | None = None,
         *,
         max_items: int | None = None,
         on_items: Callable[[int, list[Item]], None] | None = None,
         on_flow: Callable[[list[FlowSample]], None] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(capture_sets)
         self.max_items = max_items
         self._on_items, self._on_flow = on_items, on_flow
         self._kept: dict[int, list[Any]] = {}  # stream index -> [items kept, items seen, stride, last item] (flush)
@@ -84,14 +88,23 @@ class TimelineBuilder(RunHandlers):
         kept = self._kept.get(index)
         return len(self._streams[index].items) if kept is None else kept[1]
 
-    def observe_seqno(self, vbucket: int, seqno: int) -> None:
-        """Note an item seqno of ``vbucket`` seen outside this builder (e.g. by another connection's builder).
+    def observe_seqno(self, vbucket: int, seqno: int, conn: int | None = None, capture_set: int | None = None) -> None:
+        """Note an item seqno of ``vbucket`` seen outside this builder (e.g. by another connection's builder: ``conn``).
 
         The rollback replay brackets the producer's unknown high seqno from the
-        highest seqno seen on the vbucket; builders that each see part of a
-        capture pass that on this way, in record order.
+        highest seqno seen on the vbucket's history; builders that each see part of a
+        capture pass that on this way, in record order.  The seqno counts in
+        the capture set of ``conn`` (as placed, or ``capture_set``; set 1 when
+        neither is known), and for the histories ``conn``'s logs are in.
         """
-        self._history.observe_seqno(vbucket, seqno)
+        if conn is not None and capture_set is None and conn in self._placed:
+            capture_set = self._placed[conn][0]
+        self._history.observe_seqno(vbucket, seqno, conn, capture_set)
+
+    def place(self, conn: int, capture_set: int, file: str = "") -> None:
+        """Put connection ``conn`` in ``capture_set`` (its file ``file``) whatever its first record's file (before that record)."""
+        self._placed[conn] = (capture_set, file)
+        self._history.connection(conn, capture_set)
 
     # --- input -------------------------------------------------------------------
     def feed(
@@ -291,13 +304,13 @@ class TimelineBuilder(RunHandlers):
         if req is not None and h[5] == _SUCCESS:
             log = failover_log(self._dissect(rec).body.get("failover_log"))
             if log:
-                self._history.observe_log(req[1], rec.number, log)
+                self._history.observe_log(req[1], rec.number, log, c.info.conn)
 
     def _seqnos_answer(self, c: Conn, rec: Record, h: Header) -> None:
         if self._answered(c, rec, h) is not None and h[5] == _SUCCESS:
             for e in self._dissect(rec).body.get("vb_seqnos", ()):
                 if isinstance(e, dict) and isinstance(e.get("vbucket"), int) and isinstance(e.get("high_seqno"), int):
-                    self._history.high[e["vbucket"]] = (rec.number, e["high_seqno"])
+                    self._history.observe_high(c.info.conn, e["vbucket"], rec.number, e["high_seqno"])
 
     # --- thinning (max_items) and the sinks ------------------------------------------
     def flush(self) -> None:
@@ -367,16 +380,18 @@ class TimelineBuilder(RunHandlers):
                 if c.stalled_at is not None
             ]
         h = self._history
+        branches, logs, history_logs = h.parts()
         return Timeline(
             {k: c.info for k, c in self._conns.items()},
             list(self._streams),
-            h.branches,
-            h.logs,
+            branches,
+            logs,
             self._flow,
             self._noops,
             anomalies,
             list(self._stalls),
             dict(h.high),
+            history_logs,
         )
 
     def _unanswered(self) -> list[Anomaly]:
@@ -474,6 +489,6 @@ def _thin(kept: list[Any], new: list[Any], seen: int, stride: int, limit: int | 
     return out, stride
 
 
-def build_timeline(records: Iterable[Record]) -> Timeline:
-    """The timeline of records (a capture, in bulk)."""
-    return TimelineBuilder().feed_all(records).timeline()
+def build_timeline(records: Iterable[Record], capture_sets: Mapping[str, int] | None = None) -> Timeline:
+    """The timeline of records (a capture, in bulk; ``capture_sets``: file -> its capture set)."""
+    return TimelineBuilder(capture_sets).feed_all(records).timeline()

@@ -10,6 +10,7 @@ segment, and move a segment through the transition table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -99,7 +100,9 @@ class Conn:
 class BuilderCore:
     """The builder's state and shared moves (see :class:`~dcpinspect.timeline.builder.TimelineBuilder`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capture_sets: Mapping[str, int] | None = None) -> None:
+        self._capture_sets = capture_sets or {}  # file -> its capture set (a file not in it: the set its records say)
+        self._placed: dict[int, tuple[int, str]] = {}  # conn -> (capture set, file) fixed before its first record
         self._conns: dict[int, Conn] = {}
         self._streams: list[Stream] = []
         self._segments: dict[tuple[int, int, int | None], int] = {}
@@ -111,8 +114,12 @@ class BuilderCore:
         self._dissected: tuple[Record | None, Dissection | None] = (None, None)
 
     def _conn(self, rec: Record) -> Conn:
-        c = self._conns[rec.conn] = Conn(ConnectionInfo(rec.conn, rec.conn_label), ConnState(rec.context))
+        """A connection's first record: its state, and its capture set (that of its first record's file)."""
+        cs, file = self._placed.get(rec.conn) or (self._capture_sets.get(rec.file, rec.capture_set), rec.file)
+        info = ConnectionInfo(rec.conn, rec.conn_label, capture_set=cs, file=file or rec.file)
+        c = self._conns[rec.conn] = Conn(info, ConnState(rec.context))
         c.stream_ids = bool(rec.context.stream_ids)
+        self._history.connection(rec.conn, cs)
         return c
 
     def _dissect(self, rec: Record) -> Dissection:

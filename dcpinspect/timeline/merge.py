@@ -3,8 +3,8 @@
 A bulk run (Spark) feeds each connection's records to a builder of its own,
 numbering records with keys that sort like the global frame numbers, and ships
 each connection's result as a :class:`ConnPart`.  :func:`merge_timelines`
-rebuilds what crosses connections - the failover branch tree of each vbucket
-and the rollback explanations - by replaying, in key order, only the records
+rebuilds what crosses connections - the failover branch trees of each
+vbucket's histories, within each capture set, and the rollback explanations - by replaying, in key order, only the records
 that can change it (:attr:`ConnPart.control`), with the highest item seqno each
 connection had seen before every rollback (:func:`highest_before`, from each
 part's :attr:`ConnPart.history`); then it puts streams, anomalies, flow,
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -110,35 +110,33 @@ class SeqnoRises:
 
 def highest_before(
     parts: list[ConnPart], rollbacks: list[int], rises: Callable[[Any], Rises] | None = None
-) -> tuple[dict[int, list[tuple[int, int]]], dict[int, int]]:
-    """(rollback key -> [(vbucket, highest seqno seen before it on any connection)], vbucket -> highest at the end).
+) -> tuple[dict[int, list[tuple[int, int, int]]], dict[tuple[int, int], int]]:
+    """(rollback key -> [(vbucket, ck, highest seqno connection ck had seen before it)], (vbucket, ck) -> its highest at the end).
 
-    ``rises`` reads a part's :attr:`~ConnPart.history` entry (none: the entries are :data:`Rises` already).
+    Per connection, so that the replay counts each in its own capture set and
+    history.  ``rises`` reads a part's :attr:`~ConnPart.history` entry (none:
+    the entries are :data:`Rises` already).
     """
-    best: dict[tuple[int, int], int] = {}
-    end: dict[int, int] = {}
+    at: dict[int, list[tuple[int, int, int]]] = {}
+    end: dict[tuple[int, int], int] = {}
     for p in parts:
         for vb, entry in p.history.items():
             ks, qs = entry if rises is None else rises(entry)
             if not len(ks):
                 continue
-            end[vb] = max(end.get(vb, -1), int(qs[-1]))
+            end[(vb, p.ck)] = int(qs[-1])
             for t in rollbacks:
                 i = bisect_left(ks, t)
                 if i:
-                    v = int(qs[i - 1])
-                    if v > best.get((t, vb), -1):
-                        best[(t, vb)] = v
-    at: dict[int, list[tuple[int, int]]] = {}
-    for (t, vb), v in sorted(best.items()):
-        at.setdefault(t, []).append((vb, v))
-    return at, end
+                    at.setdefault(t, []).append((vb, p.ck, int(qs[i - 1])))
+    return {t: sorted(xs) for t, xs in sorted(at.items())}, end
 
 
 def merge_timelines(
     parts: list[ConnPart],
     frames_of: Callable[[list[int]], list[int]] | None = None,
     rises: Callable[[Any], Rises] | None = None,
+    capture_sets: Mapping[str, int] | None = None,
 ) -> tuple[Timeline, dict[int, int]]:
     """The single-process :class:`~dcpinspect.timeline.model.Timeline` (still in keys) from the per-connection parts.
 
@@ -146,19 +144,26 @@ def merge_timelines(
     items may have been thinned).  :meth:`Timeline.renumber` then turns keys
     into frame numbers; with ``frames_of`` (many keys -> frame numbers) the
     items get theirs here, made once.  ``rises`` reads the parts' histories
-    (see :func:`highest_before`).
+    (see :func:`highest_before`).  ``capture_sets`` (file -> capture set)
+    places each connection in the set of its first record's file
+    (:attr:`ConnectionInfo.file`); without it each keeps the set its part was
+    built with.
     """
     parts = sorted(parts, key=attrgetter("first"))
     for p in parts:
+        if capture_sets is not None:
+            p.info.capture_set = capture_sets.get(p.info.file, 1)
         _items_back(p, frames_of)
     rt = _replay(parts, rises)
-    explained = {(s.conn, a.frame): (a.explanation, a.predicted) for s in rt.streams for a in s.attempts if a.outcome == "rollback"}
+    explained = {
+        (s.conn, a.frame): (a.explanation, a.predicted, a.log_frame) for s in rt.streams for a in s.attempts if a.outcome == "rollback"
+    }
     # the single-process order
     streams = [s for _, s in sorted(((k, s) for p in parts for k, s in p.streams), key=_FIRST)]
     for s in streams:
         for a in s.attempts:
             if a.outcome == "rollback" and (s.conn, a.frame) in explained:
-                a.explanation, a.predicted = explained[(s.conn, a.frame)]
+                a.explanation, a.predicted, a.log_frame = explained[(s.conn, a.frame)]
     order = {id(s): i for i, s in enumerate(streams)}
     runtime = [a for _, a in sorted(((k, a) for p in parts for k, a in p.runtime), key=_FIRST)]
     unanswered = [a for p in parts for a in p.final if a.kind in _UNANSWERED]
@@ -172,7 +177,9 @@ def merge_timelines(
     noops = list(heapq.merge(*(p.noops for p in parts), key=itemgetter("reply_frame")))
     stalls = list(heapq.merge(*(p.stalls for p in parts), key=itemgetter("ack_frame")))
     anomalies = runtime + unanswered + unended + rest
-    merged = Timeline({p.ck: p.info for p in parts}, streams, rt.branches, rt.logs, flow, noops, anomalies, stalls, dict(rt.high_seqnos))
+    merged = Timeline(
+        {p.ck: p.info for p in parts}, streams, rt.branches, rt.logs, flow, noops, anomalies, stalls, dict(rt.high_seqnos), rt.history_logs
+    )
     counts: dict[int, int] = {}
     for p in parts:
         for (_, st), n in zip(p.streams, p.items, strict=True):
@@ -193,6 +200,8 @@ def _items_back(p: ConnPart, frames_of: Callable[[list[int]], list[int]] | None)
 def _replay(parts: list[ConnPart], rises: Callable[[Any], Rises] | None) -> Timeline:
     """What crosses connections (failover branches, rollback explanations): one builder fed every part's control records."""
     replay = TimelineBuilder()
+    for p in parts:
+        replay.place(p.ck, p.info.capture_set, p.info.file)
     controls = [[record_from(t) for t in p.control] for p in parts]
     rollbacks = sorted(
         r.number
@@ -202,9 +211,9 @@ def _replay(parts: list[ConnPart], rises: Callable[[Any], Rises] | None) -> Time
     )
     pending_hi, end_hi = highest_before(parts, rollbacks, rises)
     for r in heapq.merge(*controls, key=_NUMBER):
-        for vb, q in pending_hi.pop(r.number, ()):
-            replay.observe_seqno(vb, q)
+        for vb, ck, q in pending_hi.pop(r.number, ()):
+            replay.observe_seqno(vb, q, ck)
         replay.feed(r)
-    for vb, q in sorted(end_hi.items()):
-        replay.observe_seqno(vb, q)
+    for (vb, ck), q in sorted(end_hi.items()):
+        replay.observe_seqno(vb, q, ck)
     return replay.timeline(final=False)

@@ -8,12 +8,15 @@ which fields hold frame numbers and connection ids.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from ..protocol.session import STREAM_END_NORMAL, STREAM_END_REREQUEST
+
+HistoryKey = tuple[int, int, int]  # (capture set, vbucket, history)
 
 __all__ = [
     "Anomaly",
@@ -22,6 +25,7 @@ __all__ = [
     "Branch",
     "ConnectionInfo",
     "FlowSample",
+    "HistoryKey",
     "Item",
     "Snapshot",
     "Stream",
@@ -116,6 +120,29 @@ class ConnectionInfo:
     producer_dir: str = "s2c"  # direction the producer's stream messages travel
     lost: int = 0  # bytes lost to capture gaps
     closed_frame: int | None = None
+    capture_set: int = 1  # the capture set of the file of its first record (histories never cross sets)
+    file: str = ""  # the file of its first record ("" when the records carry none)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the ``connection`` objects of ``dcpinspect timeline --json``)."""
+        return {
+            "conn": self.conn,
+            "capture_set": self.capture_set,
+            "file": self.file,
+            "label": self.label,
+            "name": self.name,
+            "side": self.side,
+            "open_flags": self.open_flags,
+            "features": list(self.features),
+            "controls": {k: {"value": v, "status": st} for k, (v, st) in self.controls.items()},
+            "buffer_size": self.buffer_size,
+            "noop_interval": self.noop_interval,
+            "sasl_mechanism": self.sasl_mechanism,
+            "sasl_user": self.sasl_user,
+            "bucket": self.bucket,
+            "bytes_lost": self.lost,
+            "closed_frame": self.closed_frame,
+        }
 
 
 @dataclass
@@ -143,6 +170,7 @@ class Attempt:
     # whether the stream streams only some collections (a filter, or a legacy stream: the default collection), so the
     # purge exemption of the rollback rule may apply (None: the connection's features were not captured)
     filtered: bool | None = None
+    log_frame: int | None = None  # the frame of the later failover log its explanation names ("at frame N"), if it names one
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (the ``attempts`` entries of ``dcpinspect timeline --json``)."""
@@ -278,9 +306,12 @@ class Branch:
     uuid: int
     seqno: int
     first_frame: int  # the frame whose log first showed it
-    order: int  # order of first sight
+    order: int  # order of first sight: its index among the vbucket's branches (set by set, history by history)
     cut_frame: int | None = None  # the log that no longer had it
     cut_by: int | None = None  # the newer entry whose branch point removed it (None: capped, or unknown)
+    capture_set: int = 1  # the capture set of the logs that showed it
+    history: int = 1  # which history of (capture set, vbucket) it belongs to: 1.. in order of first sight
+    conn: int | None = None  # the connection whose log first showed it
 
 
 class FlowSample(NamedTuple):
@@ -307,6 +338,29 @@ class Timeline:
     anomalies: list[Anomaly]
     stalls: list[dict[str, Any]]  # flow-control stalls that an ack ended: conn, frame, ack_frame, duration_ns
     high_seqnos: dict[int, tuple[int, int]]  # vbucket -> (frame, high seqno) last seen
+    # (capture set, vbucket, history) -> [(frame, log newest first)]: the logs of each history, in frame order
+    history_logs: dict[HistoryKey, list[tuple[int, list[tuple[int, int]]]]] = field(default_factory=dict)
+    # capture set -> its first frame number (the reader fills it after any renumbering; renumber leaves it alone)
+    set_first: dict[int, int] = field(default_factory=dict)
+
+    def histories(self) -> dict[HistoryKey, list[Branch]]:
+        """The branches of each history, keyed ``(capture set, vbucket, history)``, each in order of first sight."""
+        out: dict[HistoryKey, list[Branch]] = {}
+        for vb, branches in sorted(self.branches.items()):
+            for b in branches:
+                out.setdefault((b.capture_set, vb, b.history), []).append(b)
+        return dict(sorted(out.items()))
+
+    def locate(self, frame: int) -> tuple[int, int]:
+        """``(capture set, frame number within that set)`` of a frame number of the run (no sets known: ``(1, frame)``)."""
+        if not self.set_first:
+            return 1, frame
+        starts = sorted((first, cs) for cs, first in self.set_first.items())
+        i = bisect_right([first for first, _cs in starts], frame) - 1
+        if i < 0:
+            return 1, frame
+        first, cs = starts[i]
+        return cs, frame - first + 1
 
     def stream(self, vbucket: int, conn: int | None = None) -> list[Stream]:
         """The streams of one vbucket (on one connection)."""
@@ -346,6 +400,10 @@ class Timeline:
             s.conn = conns[s.conn]
             for at in s.attempts:
                 at.frame, at.response_frame = frames(at.frame), maybe(at.response_frame)
+                if at.log_frame is not None:  # the explanation names it: the text follows
+                    moved = frames(at.log_frame)
+                    at.explanation = at.explanation.replace(f"at frame {at.log_frame}", f"at frame {moved}")
+                    at.log_frame = moved
             for sn in s.snapshots:
                 sn.frame, sn.last_frame = frames(sn.frame), maybe(sn.last_frame)
             if s.items and items is not None:
@@ -363,7 +421,10 @@ class Timeline:
         for branches in self.branches.values():
             for b in branches:
                 b.first_frame, b.cut_frame = frames(b.first_frame), maybe(b.cut_frame)
+                if b.conn is not None:
+                    b.conn = conns[b.conn]
         self.logs = {vb: [(frames(k), log) for k, log in logs] for vb, logs in self.logs.items()}
+        self.history_logs = {h: [(frames(k), log) for k, log in logs] for h, logs in self.history_logs.items()}
         self.flow = [x._replace(conn=conns[x.conn], frame=frames(x.frame)) for x in self.flow]
         self.noops = [
             {**n, "conn": conns[n["conn"]], "frame": frames(n["frame"]), "reply_frame": frames(n["reply_frame"])} for n in self.noops

@@ -321,7 +321,7 @@ class StreamHandlers(BuilderCore):
         snap.purge_seqno = b.get("purge_seqno")
         snap.high_prepared = b.get("high_prepared_seqno")
         if isinstance(snap.purge_seqno, int):
-            self._history.purge[s.vbucket] = (n, snap.purge_seqno)
+            self._history.observe_purge(s.conn, s.vbucket, n, snap.purge_seqno)
         if prev is not None:
             self._forget_keys(c, prev)
         s.snapshots.append(snap)
@@ -470,7 +470,7 @@ class StreamHandlers(BuilderCore):
             a.failover_log = failover_log(self._dissect(rec).body.get("failover_log"))
             c.by_opaque[h[7]] = s
             if a.failover_log:
-                self._history.observe_log(s.vbucket, rec.number, a.failover_log)
+                self._history.observe_log(s.vbucket, rec.number, a.failover_log, s.conn)
         elif inp is _ROLLED_BACK:
             a.outcome = "rollback"
             rb = self._dissect(rec).body.get("rollback_seqno")

@@ -24,6 +24,7 @@ from pcapfactory import Conn, Msg, rotate, write_bad_files, write_capture, write
 
 from dcpinspect import encode
 from dcpinspect.capture.read import read_records
+from dcpinspect.capture.sets import file_sets, plan_capture_sets
 from dcpinspect.cli.main import main as cli_main
 from dcpinspect.flows import reassembly
 from dcpinspect.flows.records import CaptureStats
@@ -39,7 +40,7 @@ from dcpinspect.spark import frametable, numbering
 from dcpinspect.spark.analysis import TIMELINE_TABLES, analyze, arrow_for_spark
 from dcpinspect.spark.frametable import renumber_task, spark_batch
 from dcpinspect.spark.numbering import KSHIFT, CaptureEnd, Numbering, Options
-from dcpinspect.spark.passes import keys_task, read_keys
+from dcpinspect.spark.passes import connection_places, keys_task, read_keys
 from dcpinspect.spark.pipeline import Pipeline, register_data_source
 from dcpinspect.spark.session import expand_paths
 from dcpinspect.spark.stages import PACKED_INPUT, range_packed, split_file, status_rows
@@ -92,17 +93,26 @@ def conns(k: int, n: int = 40) -> list[Conn]:
     ]
 
 
-def reference(paths: list[str]) -> tuple[list[dict[str, Any]], CaptureStats]:
+def single_timeline(paths: list[str], mode: str = "auto") -> Any:
+    """The single-process timeline of ``paths``, each capture set apart (as the pipeline plans them)."""
+    plan = plan_capture_sets(paths, mode)
+    return build_timeline(read_records(paths, capture_sets=plan), file_sets(plan))
+
+
+def reference(paths: list[str], capture_sets: str = "auto") -> tuple[list[dict[str, Any]], CaptureStats]:
     st = CaptureStats()
-    t = frames_table(paths, stats=st)
+    t = frames_table(paths, stats=st, capture_sets=capture_sets)
     ref = pa.Table.from_batches([spark_batch(b) for b in t.to_batches()]) if t.num_rows else None
     return (ref.to_pylist() if ref is not None else []), st
 
 
-def check(spark: Any, paths: list[str], *, split_size: int, partitions: int, options: Options | None = None) -> Pipeline:
-    p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, **({"options": options} if options else {}))
+def check(
+    spark: Any, paths: list[str], *, split_size: int, partitions: int, options: Options | None = None, capture_sets: str = "auto"
+) -> Pipeline:
+    more: dict[str, Any] = {"options": options} if options else {}
+    p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, capture_sets=capture_sets, **more)
     got = p.frames().orderBy("frame").toArrow().to_pylist()
-    want, st = reference(expand_paths(paths))
+    want, st = reference(expand_paths(paths), capture_sets)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w[k]}
@@ -115,6 +125,7 @@ def check(spark: Any, paths: list[str], *, split_size: int, partitions: int, opt
         assert s["format"] == info["format"]
         assert s["packets"] == info["packets"]
         assert s["status"] == ("error" if info["error"] else "problems" if info["problems"] else "ok")
+        assert s["capture_set"] == file_sets(st.sets)[path]
     return p
 
 
@@ -153,7 +164,7 @@ def check_timelines(p: Pipeline, paths: list[str]) -> None:
     import pandas as pd
 
     got = p.timeline_tables()
-    want = timeline_frames(build_timeline(read_records(expand_paths(paths))))
+    want = timeline_frames(single_timeline(expand_paths(paths)))
     assert set(got) == set(want)
     for name in want:
         pd.testing.assert_frame_equal(got[name], want[name], obj=name)
@@ -178,7 +189,7 @@ def test_timelines_from_the_one_decode_write(spark: Any, tmp_path: Path) -> None
     p.write_frames(str(tmp_path / "f"), build=True)
     check_timelines(p, SHIPPED)
     p.write_frames(str(tmp_path / "f"), build=True, max_items=3)
-    full = timeline_frames(build_timeline(read_records(expand_paths(SHIPPED))))
+    full = timeline_frames(single_timeline(expand_paths(SHIPPED)))
     thin = p.timeline_tables(max_items=3)
     assert thin["streams"]["items"].tolist() == full["streams"]["items"].tolist()  # true counts
     assert all(len(s.items) <= 3 for s in p.timeline(max_items=3).streams)
@@ -252,6 +263,23 @@ def test_rotated_captures_join_up(spark: Any, tmp_path: Path) -> None:
     check(spark, files, split_size=1500, partitions=2).unpersist()
 
 
+def test_capture_sets_read_apart_as_the_single_process(spark: Any, tmp_path: Path) -> None:
+    """Rotated files (one set, holes and an open connection at its end) and, an hour later, the same 4-tuples again (another set)."""
+    rot = rotate(write_capture(tmp_path / "one.pcap", conns(3), mss=300, drop=[4, 30]).path, 2)
+    later = str(write_capture(tmp_path / "two.pcap", conns(3), mss=300, drop=[7], ts0=1_700_003_600.0).path)
+    paths = [later, *rot]
+    p = check(spark, paths, split_size=1500, partitions=2)
+    assert [cs.files for cs in p.sets] == [(later,), tuple(rot)]
+    frames = p.frames().select("frame", "capture_set", "set_frame", "conn_id").orderBy("frame").toArrow()
+    assert sorted(set(frames.column("conn_id").to_pylist())) == list(range(1, 7))  # the same 4-tuples in two sets: six connections
+    st = CaptureStats()
+    list(read_records(paths, stats=st))
+    assert p.set_first() == st.set_first and p.timeline().set_first == st.set_first and len(st.set_first) == 2
+    check_timelines(p, paths)
+    p.unpersist()
+    check(spark, paths, split_size=1500, partitions=2, capture_sets="per-file").unpersist()
+
+
 def test_holes_given_up_part_way_over_rotated_files(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Holes waited for two packets only: Spark's tasks place the rows after them as the single process does."""
     monkeypatch.setattr(reassembly, "MAX_HOLE_WAIT", 2)  # the single-process reference (the tasks get it as an option)
@@ -295,14 +323,14 @@ def test_analyze_command(spark: Any, tmp_path: Path) -> None:
     bad = write_bad_files(tmp_path / "bad")
     paths = [SHIPPED[1], good, str(bad["text"]), str(bad["truncated_record"])]
     out = io.StringIO()
-    assert cli_main(["analyze", *paths, "--out", str(tmp_path / "o"), "--split-size", "4096"], out=out) == 0
+    assert cli_main(["analyze", *paths, "--out", str(tmp_path / "o"), "--split-size", "4096"], out=out) == 1  # an input failed
     assert "frames" in out.getvalue()
     o = tmp_path / "o"
     want_frames, _ = reference(paths)
     assert spark.read.parquet(str(o / "frames")).orderBy("frame").toArrow().to_pylist() == want_frames
     status = {r["path"]: r["status"] for r in pq.read_table(o / "file_status").to_pylist()}
     assert status == {SHIPPED[1]: "ok", good: "ok", str(bad["text"]): "error", str(bad["truncated_record"]): "problems"}
-    want = timeline_frames(build_timeline(read_records(paths)))
+    want = timeline_frames(single_timeline(paths))
     for name in TIMELINE_TABLES:
         t = pq.read_table(o / name)
         assert t.to_pylist() == arrow_for_spark(want[name]).to_pylist(), name
@@ -319,7 +347,7 @@ def test_analyze_items_and_flow(spark: Any, tmp_path: Path) -> None:
 
     paths = sorted(str(p) for p in CAPTURES.glob("live-*.pcap"))
     res = analyze(spark, paths, str(tmp_path / "o"), split_size=4096, partitions=3, items=True, report=False)
-    want = timeline_frames(build_timeline(read_records(paths)))
+    want = timeline_frames(single_timeline(paths))
     assert len(want["items"]) > 100 and len(want["flow"]) > 100
     for name, order in (("items", ["stream", "frame"]), ("flow", ["frame", "event"])):
         got = pq.read_table(tmp_path / "o" / name).sort_by([(c, "ascending") for c in order])
@@ -350,12 +378,12 @@ print("ANALYZE", res["frames"], res["streams"])
     assert r.returncode == 0, r.stderr[-3000:]
     rows, streams = (int(v) for v in r.stdout.split("ROWS")[1].split()[:2])
     assert rows == len(reference(SHIPPED[:2])[0])
-    assert streams == len(build_timeline(read_records(SHIPPED[:2])).streams)
+    assert streams == len(single_timeline(SHIPPED[:2]).streams)
     assert "connect" in r.stdout
     import pyarrow.parquet as pq
 
     frames, streams = (int(v) for v in r.stdout.split("ANALYZE")[1].split()[:2])
-    want = timeline_frames(build_timeline(read_records(SHIPPED[:2])))
+    want = timeline_frames(single_timeline(SHIPPED[:2]))
     assert (frames, streams) == (len(reference(SHIPPED[:2])[0]), len(want["streams"]))
     assert pq.read_table(tmp_path / "o" / "frames").sort_by("frame").to_pylist() == reference(SHIPPED[:2])[0]
     for name in (*TIMELINE_TABLES, "items"):  # written through Spark here (the client is not the cluster), empty ones too
@@ -404,8 +432,8 @@ def test_items_written_in_small_batches_and_files(tmp_path: Path, monkeypatch: p
     streams = {(k >> KSHIFT, k & ((1 << KSHIFT) - 1)): i for i, k in enumerate(born)}
     todo = [(i, path, table) for i, (path, table) in enumerate((p, t) for t in outs for p, _ in files[t])]
     batch = pa.RecordBatch.from_pydict({"index": [t[0] for t in todo], "path": [t[1] for t in todo], "table": [t[2] for t in todo]})
-    list(renumber_task([batch], num, outs, 0, streams))
-    want = timeline_frames(build_timeline(read_records(paths)))
+    list(renumber_task([batch], num, outs, 0, streams, connection_places(parts, num, paths, last)))
+    want = timeline_frames(single_timeline(paths, "one"))  # one task's segments of every file, as one capture set
     for name, order in (("items", ["stream", "frame"]), ("flow", ["frame", "event"])):
         got = pq.read_table(outs[name]).sort_by([(c, "ascending") for c in order])
         assert got.to_pylist() == arrow_for_spark(want[name]).sort_by([(c, "ascending") for c in order]).to_pylist(), name

@@ -25,13 +25,14 @@ from pcapfactory import Conn, Msg, rotate, write_bad_files, write_capture, write
 from dcpinspect import encode
 from dcpinspect.capture.packets import locate_segment
 from dcpinspect.capture.pcapfile import CaptureError, CaptureRange, CaptureReader, read_range
+from dcpinspect.capture.sets import plan_capture_sets
 from dcpinspect.flows import reassembly
 from dcpinspect.flows.records import CaptureStats
 from dcpinspect.spark import numbering
 from dcpinspect.spark.frametable import frames_task, spark_batch
 from dcpinspect.spark.numbering import CaptureEnd, Options, TaskSegments
 from dcpinspect.spark.passes import keys_task, read_keys
-from dcpinspect.spark.stages import GPOS_SHIFT, PACKED_INPUT, range_packed, range_segments, split_file, status_rows
+from dcpinspect.spark.stages import GPOS_SHIFT, PACKED_INPUT, file_ends, range_packed, range_segments, split_file, status_rows
 from dcpinspect.tables.columnar import decode_windows
 from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.packets_vector import segment_windows
@@ -165,29 +166,36 @@ def _conns(k: int, n: int = 20) -> list[Conn]:
     return out
 
 
-def task_data(paths: list[str], tasks: int) -> tuple[list[pa.Table], CaptureEnd]:
-    """The segment metadata of ``paths`` dealt to ``tasks`` tasks by connection, each in capture order, and the capture's end."""
+def task_data(paths: list[str], tasks: int, capture_sets: str = "one") -> tuple[list[pa.Table], CaptureEnd]:
+    """The segment metadata of ``paths`` dealt to ``tasks`` tasks by connection, each in capture order, and the capture's end.
+
+    ``paths`` are in the order of their capture sets (as the pipeline lists them).
+    """
+    plan = plan_capture_sets(paths, capture_sets)
+    assert paths == [f for cs in plan for f in cs.files]
+    file_set = tuple(cs.number for cs in plan for _f in cs.files) if len(plan) > 1 else ()
     every = pa.Table.from_batches([range_packed(fi, p, i, *r) for fi, p in enumerate(paths) for i, r in enumerate(split_file(p, 4096))])
-    bases = CaptureEnd.file_bases(status_rows(every))
+    bases = CaptureEnd.file_bases(status_rows(every), file_set)
     segs = every.filter(pc.equal(every["kind"], 0))
     ends = every.filter(pc.equal(every["kind"], 2))  # each connection's last segment in each range
     last = CaptureEnd(0, 0, bases)
     if ends.num_rows:
         i = pc.index(ends["gpos"], pc.max(ends["gpos"])).as_py()
-        last = CaptureEnd(int(ends["ts"][i].as_py()), int(ends["gpos"][i].as_py()), bases)
+        set_ends = CaptureEnd.set_ends_of(file_ends(every), file_set) if file_set else ()
+        last = CaptureEnd(int(ends["ts"][i].as_py()), int(ends["gpos"][i].as_py()), bases, file_set, set_ends)
     keys = sorted(set(segs["ckey"].to_pylist()))
     deal = pa.array([keys.index(k) % tasks for k in segs["ckey"].to_pylist()], pa.int32())
     return [segs.filter(pc.equal(deal, t)).sort_by("gpos").select(list(PACKED_INPUT)) for t in range(tasks)], last
 
 
-def check_tasks(paths: list[str], tasks: int, rows: int = 65536, hole_wait: int | None = None) -> int:
+def check_tasks(paths: list[str], tasks: int, rows: int = 65536, hole_wait: int | None = None, capture_sets: str = "one") -> int:
     """keys_task then frames_task over ``tasks`` tasks give the single-process table; its rows."""
-    data, last = task_data(paths, tasks)
+    data, last = task_data(paths, tasks, capture_sets)
     o = Options(rows=rows, hole_wait=hole_wait)
     keys = pa.Table.from_batches([b for d in data for b in keys_task(d.to_batches(max_chunksize=50), paths, last, o)])
     num = read_keys(keys)[0]
     got = [b for d in data for b in frames_task(d.to_batches(max_chunksize=50), paths, last, o, num)]
-    t = frames_table(paths)
+    t = frames_table(paths, capture_sets=capture_sets)
     want = pa.Table.from_batches([spark_batch(b) for b in t.to_batches()]).to_pylist() if t.num_rows else []
     have = pa.Table.from_batches(got).sort_by("frame").to_pylist() if got else []
     assert len(have) == len(want) == num.frames
@@ -211,6 +219,18 @@ def test_tasks_place_rows_after_holes_as_the_single_process(tmp_path: Path, monk
     files = rotate(w.path, 3)
     for tasks in (1, 2, 3):
         assert check_tasks(files, tasks, rows=11, hole_wait=hole_wait) > 80
+
+
+@pytest.mark.parametrize("capture_sets", ["auto", "per-file"])
+def test_tasks_number_capture_sets_as_the_single_process(tmp_path: Path, capture_sets: str) -> None:
+    """Rotated files (holes, a connection open at the end) and the same 4-tuples again an hour later: each set apart, numbered on."""
+    rot = rotate(write_capture(tmp_path / "c.pcap", _conns(4), mss=200, reorder=[14], drop=[5, 30], duplicate=[20]).path, 3)
+    later = write_capture(tmp_path / "d.pcap", _conns(3), mss=300, drop=[7], ts0=1_700_003_600.0).path
+    paths = [f for cs in plan_capture_sets([*rot, str(later)], capture_sets) for f in cs.files]
+    for tasks in (1, 2, 3):
+        assert check_tasks(paths, tasks, rows=13, capture_sets=capture_sets) > 80
+    t = frames_table(paths, capture_sets=capture_sets)
+    assert len(set(t.column("capture_set").to_pylist())) == (2 if capture_sets == "auto" else 4)
 
 
 def test_a_connection_with_no_rows_keeps_its_id(tmp_path: Path) -> None:

@@ -42,7 +42,15 @@ def test_shipped_captures(path: Path) -> None:
 
 def test_shipped_captures_as_one_capture_in_small_windows() -> None:
     paths = [str(p) for p in SHIPPED]
-    assert_same_read(paths, rows=7, window=4096)
+    t = assert_same_read(paths, rows=7, window=4096, capture_sets="one")
+    assert set(t.column("capture_set").to_pylist()) == {1} and t.column("set_frame") == t.column("frame")
+
+
+def test_shipped_captures_as_capture_sets_in_small_windows() -> None:
+    """Each shipped capture a set of its own: both paths number, place and count alike, set by set."""
+    paths = [str(p) for p in SHIPPED]
+    t = assert_same_read(paths, rows=7, window=4096)
+    assert set(t.column("capture_set").to_pylist()) == set(range(1, len(paths) + 1))
 
 
 @pytest.mark.shared

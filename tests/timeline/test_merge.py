@@ -125,6 +125,21 @@ def test_merged_parts_are_the_single_process_timeline(path: Path) -> None:
     assert counts == {i: len(s.items) for i, s in enumerate(want.streams)}
 
 
+def test_merged_parts_keep_capture_sets_as_the_single_process_timeline() -> None:
+    """Every shipped capture in one run, one capture set per file: the merge places each connection as one builder does."""
+    files = [str(p) for p in CAPTURES]
+    sets = {f: i for i, f in enumerate(files, 1)}
+    records = list(read_records(files))
+    want = build_timeline(records, sets)
+    parts, _ = parts_of(records)
+    got, _counts = merge_timelines(parts[::-1], capture_sets=sets)
+    got.renumber(lambda k: k, {p.ck: p.ck for p in parts})
+    assert story(got) == story(want)
+    assert tables(got) == tables(want)
+    assert len({c.capture_set for c in got.connections.values()}) == len(files)
+    assert {k: len(v) for k, v in got.history_logs.items()} == {k: len(v) for k, v in want.history_logs.items()}
+
+
 @pytest.mark.parametrize("path", CAPTURES, ids=[p.stem for p in CAPTURES])
 def test_thinned_parts_keep_true_counts_and_every_item_passes_the_sink(path: Path) -> None:
     records = list(read_records([str(path)]))
@@ -168,10 +183,11 @@ def test_highest_before_each_rollback_over_every_connection() -> None:
 
     parts = [part(1, {0: ([10, 20, 30], [5, 8, 12]), 1: ([15], [3])}), part(2, {0: ([25], [9])})]
     at, end = highest_before(parts, [10, 21, 26, 100])
-    assert at == {21: [(0, 8), (1, 3)], 26: [(0, 9), (1, 3)], 100: [(0, 12), (1, 3)]}
-    assert end == {0: 12, 1: 3}
+    # per connection (vbucket, ck, seqno): the replay counts each in its own capture set and history
+    assert at == {21: [(0, 1, 8), (1, 1, 3)], 26: [(0, 1, 8), (0, 2, 9), (1, 1, 3)], 100: [(0, 1, 12), (0, 2, 9), (1, 1, 3)]}
+    assert end == {(0, 1): 12, (0, 2): 9, (1, 1): 3}
     decoded = [part(1, {0: "a"})]
-    assert highest_before(decoded, [11], rises=lambda e: ([10], [7])) == ({11: [(0, 7)]}, {0: 7})
+    assert highest_before(decoded, [11], rises=lambda e: ([10], [7])) == ({11: [(0, 1, 7)]}, {(0, 1): 7})
 
 
 def test_renumber_maps_every_frame_and_connection_once() -> None:
@@ -190,6 +206,16 @@ def test_renumber_maps_every_frame_and_connection_once() -> None:
     assert all(f.frame - 10_000 in frames and f.conn in conns.values() for f in t.flow)
     assert all(b.first_frame - 10_000 in frames for bs in t.branches.values() for b in bs)
     assert [a.frames for a in shared] == [[f + 10_000 for f in fs] for fs in before]  # once, not twice
+
+
+def test_renumber_follows_the_frame_an_explanation_names() -> None:
+    """A rollback explained from the log seen later names its frame: keys (Spark) become frame numbers in the text too."""
+    records = list(read_records([str(ROOT / "captures" / "seed-000-rollback-retry.pcap")]))
+    t = build_timeline(records)
+    (a,) = [a for s in t.streams for a in s.attempts if a.outcome == "rollback"]
+    assert a.log_frame == 4 and "at frame 4)" in a.explanation
+    t.renumber(lambda k: k * 1000, {c: c for c in t.connections})
+    assert a.log_frame == 4000 and "at frame 4000)" in a.explanation and "at frame 4)" not in a.explanation
 
 
 def test_records_and_parts_pickle() -> None:

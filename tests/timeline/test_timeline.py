@@ -244,11 +244,22 @@ def test_cli(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 0
     out = capsys.readouterr().out
     if fmt == "json":
-        stream, tree = (json.loads(line) for line in out.splitlines())
+        header, stream, tree = (json.loads(line) for line in out.splitlines())
+        assert header["connection"]["conn"] == 1 and header["connection"]["file"] == str(SEED000)
+        assert header["connection"]["capture_set"] == 1
         assert [a["outcome"] for a in stream["attempts"]] == ["rollback", "success"]
         assert stream["attempts"][0]["rollback_seqno"] == 0 and len(tree["branches"]) == 4
+        assert (tree["vbucket"], tree["capture_set"], tree["history"]) == (0, 1, 1)
     else:
         assert "ROLLBACK to 0" in out
+
+
+def test_cli_json_has_connection_level_anomalies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = session(tmp_path / "stray.pcap", [("s2c", encode("DCP_NOOP", response=True, opaque=9))])
+    assert main(["timeline", "--no-progress", "--json", str(path)]) == 0
+    objs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [next(iter(o)) for o in objs] == ["connection", "anomaly"]
+    assert objs[1]["anomaly"]["kind"] == "response without request" and objs[1]["anomaly"]["conn"] == objs[0]["connection"]["conn"]
 
 
 def sid_control() -> list[tuple[str, bytes]]:
