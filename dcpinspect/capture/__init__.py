@@ -9,8 +9,9 @@ IP and TCP headers into a :class:`~dcpinspect.flows.reassembly.Segment`;
 :func:`~.read.read_chunks`).  For many readers of one big file,
 :func:`~.pcapfile.split_ranges` cuts it at record boundaries and
 :func:`~.pcapfile.read_range` reads one range as the whole-file reader would.
-:mod:`.pcapwrite` writes pcap files: packets as captured, or TCP
-conversations with synthesised headers.
+:mod:`.pcapwrite` writes pcap files: packets as captured (whole, or the
+packets a selection of frames came from), or TCP conversations with
+synthesised headers.
 
 Rules:
 
@@ -26,4 +27,10 @@ Rules:
    problem per file counting them.
 5. Packets that are not TCP over a supported link type are counted by kind
    and skipped, never guessed at.
+6. A gzip'ed file (known by its magic bytes, never its name) is read as a
+   stream of bounded pieces; its offsets are positions in the decompressed
+   bytes, and a cut or corrupt gzip tail keeps every packet before it.
+7. :mod:`.sets` groups the files of a run into capture sets (the files of one
+   recording) from their names and the heads and tails of their packets;
+   each set is read as one capture, and nothing joins across sets.
 """

@@ -23,21 +23,31 @@ record headers only and cuts the file at record boundaries into
 capture of its own; :func:`read_range` reads one piece with the same record
 loop, numbering its packets and placing every offset as the whole-file reader
 would.
+
+Gzip'ed captures (``.pcap.gz``, ``.pcapng.gz``; found by the magic bytes
+``1f 8b``, never the name) are read as tshark reads them: decompressed as a
+stream (:class:`Gunzip`: bounded buffers, concatenated members joined), every
+offset then a position in the decompressed capture.  A corrupt or cut gzip
+stream ends the file with a problem, keeping every packet before it.  A
+gzip'ed file cannot be cut into ranges: :func:`split_ranges` gives it as one
+range, which :func:`read_range` decompresses whole.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from ..flows.reassembly import TS_MAX, TS_UNKNOWN  # the latest time a table holds; the time of a packet past it
 
 __all__ = [
     "EPB",
+    "GZIP_MAGIC",
     "IDB",
     "IF_TSRESOL",
     "MAX_RECORD",
@@ -53,8 +63,11 @@ __all__ = [
     "CaptureError",
     "CaptureRange",
     "CaptureReader",
+    "Gunzip",
     "RawPacket",
     "Seekable",
+    "gunzip_all",
+    "is_gzip",
     "read_range",
     "split_ranges",
     "time_problem",
@@ -81,14 +94,127 @@ SHB_MIN = 28  # type, length, byte-order magic, version, section length, trailin
 IF_TSRESOL = 9  # interface option: timestamp resolution
 
 
-class CaptureError(Exception):
-    """The file is not a capture, or its header is corrupt (nothing could be read)."""
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of a gzip member (RFC 1952)
+_RAW = 1 << 16  # compressed bytes read at a time
+_OUT = 1 << 20  # decompressed bytes made at a time
 
-    def __init__(self, path: str, offset: int, message: str) -> None:
-        super().__init__(f"{path}: {message} (at byte offset {offset})")
+
+def is_gzip(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is gzip'ed (its magic bytes, never its name)."""
+    return head[:2] == GZIP_MAGIC
+
+
+def gunzip_all(raw: _Readable) -> bytes:
+    """All the decompressed bytes of a gzip'ed file open as ``raw`` (up to a fault), for readers that need offsets into them."""
+    g = Gunzip(raw)
+    parts = []
+    try:
+        while chunk := g.read(_OUT):
+            parts.append(chunk)
+    except GzipDataError:
+        pass
+    return b"".join(parts)
+
+
+class CaptureError(Exception):
+    """The file is not a capture, or its header is corrupt (nothing could be read).
+
+    The text names the file once, then what is wrong, then where - unless
+    ``offset`` is None: the system refused the file (it cannot be opened or
+    read), and no byte of it is to blame.
+    """
+
+    def __init__(self, path: str, offset: int | None, message: str) -> None:
+        super().__init__(f"{path}: {message}" + ("" if offset is None else f" (at byte offset {offset})"))
         self.path = path
         self.offset = offset
         self.message = message
+
+
+class GzipDataError(OSError):
+    """The gzip stream is corrupt (raised while reading: what was read before it is kept)."""
+
+
+class Gunzip:
+    """A gzip'ed file read as its decompressed bytes, in bounded pieces (``read``, ``tell``).
+
+    Members written one after another are one stream (as ``gzip -c a b``
+    and tshark read them); zero bytes after the last member are padding.
+    ``cut`` says the compressed data ended inside a member (the file was cut
+    short), ``trailing`` how many bytes after the last member were not gzip
+    and were ignored.  Corrupt data raises :class:`GzipDataError` (an
+    :class:`OSError`: the readers keep what came before it).
+    """
+
+    def __init__(self, raw: _Readable) -> None:
+        self.raw = raw
+        self._d = zlib.decompressobj(31)
+        self._buf = bytearray()
+        self._pos = 0  # decompressed bytes handed out
+        self._done = False
+        self._error: GzipDataError | None = None
+        self.cut = False
+        self.trailing = 0
+
+    def _more(self) -> bool:
+        """Decompress some more into the buffer; False at the end of the data."""
+        if self._done:
+            if self._error is not None:  # raised once the bytes before it are read
+                exc, self._error = self._error, None
+                raise exc
+            return False
+        d = self._d
+        if d.eof:
+            rest = d.unused_data.lstrip(b"\0")
+            while not rest:
+                chunk = self.raw.read(_RAW)
+                if not chunk:
+                    self._done = True
+                    return False
+                rest = chunk.lstrip(b"\0")
+            if not is_gzip(rest):
+                self.trailing = len(rest)
+                while chunk := self.raw.read(_RAW):  # counted, never kept
+                    self.trailing += len(chunk)
+                self._done = True
+                return False
+            self._d = d = zlib.decompressobj(31)
+            data = rest
+        else:
+            data = d.unconsumed_tail or self.raw.read(_RAW)
+            if not data:  # the file ends inside a member
+                self.cut = True
+                self._done = True
+                return False
+        saved = d.copy()
+        try:
+            self._buf += d.decompress(data, _OUT)
+        except zlib.error as exc:
+            self._done = True
+            self._salvage(saved, data)
+            self._error = GzipDataError(f"gzip data corrupt after {self._pos + len(self._buf)} decompressed bytes ({exc})")
+        return True
+
+    def _salvage(self, d: Any, data: bytes) -> None:
+        """The bytes a corrupt piece still gives before its error: it is fed again, a little at a time."""
+        try:
+            for at in range(0, len(data), 256):
+                self._buf += d.decompress(data[at : at + 256], _OUT)
+        except zlib.error:
+            pass
+
+    def read(self, n: int, /) -> bytes:
+        """Up to ``n`` decompressed bytes (fewer at the end)."""
+        while len(self._buf) < n and self._more():
+            pass
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        self._pos += len(out)
+        return out
+
+    def tell(self) -> int:
+        """Decompressed bytes read so far."""
+        return self._pos
 
 
 class RawPacket(NamedTuple):
@@ -143,7 +269,8 @@ class CaptureReader:
     problems: list[tuple[int, str]] = field(default_factory=list)
     packets: int = 0
     linktypes: set[int] = field(default_factory=set)
-    size: int = 0  # bytes in the file when it was opened (0: not known, e.g. a pipe)
+    size: int = 0  # bytes in the file when it was opened (0: not known, e.g. a pipe or gzip'ed data)
+    compression: str = ""  # "gzip" for a gzip'ed capture
     bad_times: int = 0  # packets whose timestamp is out of range
     _time_problem: int = field(default=-1, repr=False)  # its index in ``problems``
     _base: int = field(default=0, repr=False)  # the file offset of the stream's first byte (see :func:`read_range`)
@@ -153,29 +280,52 @@ class CaptureReader:
         try:
             fh = p.open("rb")
         except OSError as exc:
-            raise CaptureError(self.path, 0, f"cannot open: {exc.strerror}") from exc
+            raise CaptureError(self.path, None, f"cannot open: {exc.strerror or exc}") from exc
         with fh:
+            src: BinaryIO | Gunzip = fh
             try:
                 self.size = os.fstat(fh.fileno()).st_size
                 head = fh.read(4)
+                if is_gzip(head):
+                    self.compression, self.size = "gzip", 0  # the decompressed size is not known
+                    fh.seek(0)
+                    src = Gunzip(fh)
+                    head = src.read(4)
                 if head in PCAP_MAGICS:
                     self.format = "pcap"
-                    yield from self._pcap(fh, head)
+                    yield from self._pcap(src, head)
                 elif head == PCAPNG_SHB:
                     self.format = "pcapng"
                     fh.seek(0)
-                    yield from self._pcapng(fh)
-                elif not head:
-                    raise CaptureError(self.path, 0, "empty file: not a pcap or pcapng capture")
+                    src = Gunzip(fh) if self.compression else fh
+                    yield from self._pcapng(src)
                 else:
-                    raise CaptureError(self.path, 0, f"not a pcap or pcapng capture (starts with {head.hex()})")
+                    raise CaptureError(self.path, 0, self._not_capture(head))
+            except GzipDataError as exc:
+                if not self.format:
+                    raise CaptureError(self.path, 0, str(exc)) from exc
+                self._problem(self._tell(src), f"{exc}; reading stopped")
             except OSError as exc:  # the disk, not the data: what was read is kept
                 if not self.format:
-                    raise CaptureError(self.path, 0, f"cannot read: {exc.strerror or exc}") from exc
-                self._problem(self._tell(fh), f"read error ({exc.strerror or exc}); reading stopped")
+                    raise CaptureError(self.path, None, f"cannot read: {exc.strerror or exc}") from exc
+                self._problem(self._tell(src), f"read error ({exc.strerror or exc}); reading stopped")
+            if isinstance(src, Gunzip):
+                self._gzip_end(src)
+
+    def _not_capture(self, head: bytes) -> str:
+        if self.compression:
+            return f"gzip'ed, but not a pcap or pcapng capture (starts with {head.hex()})" if head else "empty gzip'ed data: not a capture"
+        return f"not a pcap or pcapng capture (starts with {head.hex()})" if head else "empty file: not a pcap or pcapng capture"
+
+    def _gzip_end(self, src: Gunzip) -> None:
+        """The problems of a gzip stream that was cut short, or followed by bytes that are not gzip."""
+        if src.cut:
+            self._problem(src.tell(), "gzip data cut short (no end of stream): the capture was cut short")
+        if src.trailing:
+            self._problem(src.tell(), f"{src.trailing} bytes after the gzip data are not gzip: ignored")
 
     @staticmethod
-    def _tell(fh: BinaryIO) -> int:
+    def _tell(fh: BinaryIO | Gunzip) -> int:
         try:
             return fh.tell()
         except OSError:
@@ -530,8 +680,13 @@ def read_range(reader: CaptureReader, f: Seekable, rng: CaptureRange) -> Iterato
     problem) is the file's.
     """
     start, end, first, prefix = rng
-    fh = _RangeFile(f, prefix, start, end)
     reader.packets = first - 1
+    if not prefix and not start:
+        f.seek(0)
+        if is_gzip(f.read(2)):  # a gzip'ed file is one range (split_ranges): read whole, as the reader does
+            yield from _gzip_range(reader, f)
+            return
+    fh = _RangeFile(f, prefix, start, end)
     reader.size = end  # a record that runs past the range is cut short there, as at the end of a file
     reader._base = start - len(prefix)
     head = prefix[:4] if prefix else fh.read(4)
@@ -544,7 +699,38 @@ def read_range(reader: CaptureReader, f: Seekable, rng: CaptureRange) -> Iterato
         reader.format = "pcapng"
         fh.vpos = 0
         yield from reader._pcapng(fh)
-    elif not head:
-        raise CaptureError(reader.path, 0, "empty file: not a pcap or pcapng capture")
     else:
-        raise CaptureError(reader.path, 0, f"not a pcap or pcapng capture (starts with {head.hex()})")
+        raise CaptureError(reader.path, 0, reader._not_capture(head))
+
+
+def _gzip_range(reader: CaptureReader, f: Seekable) -> Iterator[RawPacket]:
+    """The packets of a whole gzip'ed file open as ``f`` (what :class:`CaptureReader` yields and reports for it)."""
+    reader.compression, reader.size = "gzip", 0
+    src = Gunzip(_Sought(f))
+    try:
+        head = src.read(4)
+        if head in PCAP_MAGICS:
+            reader.format = "pcap"
+            yield from reader._pcap(src, head)
+        elif head == PCAPNG_SHB:
+            reader.format = "pcapng"
+            src = Gunzip(_Sought(f))
+            yield from reader._pcapng(src)
+        else:
+            raise CaptureError(reader.path, 0, reader._not_capture(head))
+    except GzipDataError as exc:
+        if not reader.format:
+            raise CaptureError(reader.path, 0, str(exc)) from exc
+        reader._problem(src.tell(), f"{exc}; reading stopped")
+    reader._gzip_end(src)
+
+
+class _Sought:
+    """A seekable file read from its start (each :class:`Gunzip` over it starts there)."""
+
+    def __init__(self, f: Seekable) -> None:
+        f.seek(0)
+        self.f = f
+
+    def read(self, n: int, /) -> bytes:
+        return self.f.read(n)

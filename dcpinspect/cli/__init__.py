@@ -5,8 +5,10 @@ Theory of operation: :func:`~.main.main` builds the tree of
 the subcommand.  Only then is that subcommand's group imported and its
 arguments added (:class:`~.command.CommandParser`): :mod:`.decode` (decode,
 reference, examples: the core only), :mod:`.capture` (frames, show, summary,
-timeline), :mod:`.live` (sim, client, proxy, sniff) and :mod:`.analyze`
-(Spark).  The chosen function turns arguments into calls of the library and
+timeline; :mod:`.export` writes ``frames --pcap``), :mod:`.fields` (fields),
+:mod:`.follow` (follow), :mod:`.stats` (stats), :mod:`.live` (sim, client,
+proxy, sniff) and :mod:`.analyze` (Spark; :mod:`.extras` says which pip
+extra a command needs when it is missing).  The chosen function turns arguments into calls of the library and
 prints what comes back; records are printed by :mod:`.output`, as a JSON
 line or a text line of the frames table, whichever tool produced them.
 

@@ -12,7 +12,7 @@ from ..wire.decoder import decode
 from ..wire.dissect import dissect
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame
-from ..wire.render import DEFAULT_MAX_ROWS, annotate
+from ..wire.render import DEFAULT_MAX_ROWS, annotate, plural
 from .command import CliError, Console
 
 __all__ = ["ARGUMENTS", "event_dict", "parse_hex"]
@@ -108,7 +108,9 @@ def _decode(args: argparse.Namespace, console: Console) -> int:
         chunks = [annotate(e, context=ctx, max_rows=max_rows) for e in events] or ["(no bytes)"]
         if len(inputs) > 1:
             frames = sum(e.type == "frame" for e in events)
-            chunks.insert(0, f"== {name}: {len(data)} bytes, {frames} frames, {len(events) - frames} other events")
+            chunks.insert(
+                0, f"== {name}: {plural(len(data), 'byte')}, {plural(frames, 'frame')}, {plural(len(events) - frames, 'other event')}"
+            )
         out.write("\n\n".join(chunks) + "\n\n")
     return 0
 
@@ -154,7 +156,9 @@ def _reference_arguments(r: argparse.ArgumentParser) -> None:
 
 
 def _examples_arguments(e: argparse.ArgumentParser) -> None:
-    e.add_argument("names", nargs="*", help="example names (default: all)")
+    from ..wire.examples import EXAMPLES
+
+    e.add_argument("names", nargs="*", metavar="NAME", help="example names (default: all): " + ", ".join(x.name for x in EXAMPLES))
     e.set_defaults(func=_examples)
 
 

@@ -6,7 +6,10 @@ Every command that prints frames (``frames``, ``proxy``, ``sniff``, ``client
 :func:`text_line` otherwise.  The rows come from the Arrow table of a
 capture (``frames``: :func:`dcpinspect.tables.export.frame_rows`) or, for
 live records, from :func:`record_rows` (the same column builder, no Arrow).
-In a row ``ts`` is integer nanoseconds; JSON shows seconds.
+In a row ``ts`` is integer nanoseconds; JSON shows seconds.  The text
+line's time column is a :class:`Clock`'s (``-t``, as tshark's: relative,
+absolute, deltas, epoch); the live tools' printers show time relative to
+their first record.
 
 The live commands print through a :class:`RecordPrinter`: a bounded queue
 drained by a thread of its own, so a slow or blocked output drops records
@@ -22,15 +25,19 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from ..flows.records import Record
-from ..tables.columns import JSON_COLUMNS, FrameColumns
-from ..wire.render import safe_text
+from ..tables.columns import COLUMN_NAMES, JSON_COLUMNS, FrameColumns
+from ..wire.render import plural, safe_text
 
 __all__ = [
     "JSON_COLUMNS",
     "TEXT_COLUMNS",
+    "TIME_FORMATS",
+    "TS_REF",
+    "Clock",
     "LinePrinter",
     "LogLines",
     "QueuedLogHandler",
@@ -38,13 +45,127 @@ __all__ = [
     "json_line",
     "record_lines",
     "record_rows",
+    "seconds_text",
     "text_line",
+    "utc_text",
 ]
 
-#: the columns :func:`text_line` reads
-TEXT_COLUMNS = ("frame", "dir", "conn_id", "type", "name", "role", "vbucket", "status_name", "opaque", "key", "seqno", "problems")
+#: the ``-t`` time formats of the text output (as tshark's): name -> meaning
+TIME_FORMATS: dict[str, str] = {
+    "r": "seconds since the start of the capture set (live tools: of the session)",
+    "a": "absolute time of day, UTC (10:11:12.123456)",
+    "ad": "absolute date and time, UTC (2026-01-02 10:11:12.123456)",
+    "d": "seconds since the previous frame",
+    "dd": "seconds since the previous frame shown",
+    "e": "seconds since the epoch (1970-01-01 UTC)",
+}
+_TIME_WIDTH = {"r": 10, "d": 10, "dd": 10, "e": 17, "a": 15, "ad": 26}
+#: the column of a prepared table holding each row's reference time (see :meth:`Clock.prepare`)
+TS_REF = "ts_ref"
+_SET = "capture_set"
+
+#: the columns :func:`text_line` reads (``capture_set`` too when the table has it: relative time is per set)
+TEXT_COLUMNS: tuple[str, ...] = (
+    "frame",
+    "ts",
+    "packet",
+    "dir",
+    "conn_id",
+    "type",
+    "length",
+    "name",
+    "role",
+    "vbucket",
+    "status_name",
+    "opaque",
+    "key",
+    "seqno",
+    "problems",
+    *((_SET,) if _SET in COLUMN_NAMES else ()),
+)
 
 _NS = 1_000_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def seconds_text(ns: int) -> str:
+    """Integer nanoseconds as seconds with six decimals (truncated to the microsecond, exact: no float)."""
+    sign = "-" if ns < 0 else ""
+    s, frac = divmod(abs(ns), _NS)
+    return f"{sign}{s}.{frac // 1000:06d}"
+
+
+def utc_text(ns: int, *, date: bool = True) -> str:
+    """Integer nanoseconds since the epoch as UTC ``2026-01-02 10:11:12.123456`` (``date=False``: the time of day only)."""
+    when = _EPOCH + timedelta(microseconds=ns // 1000)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")
+
+
+class Clock:
+    """The time column of the text output in one of the :data:`TIME_FORMATS` (``-t``), with the state its deltas need.
+
+    :meth:`text` is called for every row shown, in order; it remembers each
+    capture set's start (``r``: when the set's first frame with a known time
+    began, its ``ts_first``, else its ``ts``) and the previous row.  When rows are filtered, the reference of ``r`` and ``d``
+    must come from every row read, not only those shown: :meth:`prepare`
+    adds it to a table before the filter (column :data:`TS_REF`), and
+    :meth:`text` takes it from there.
+    """
+
+    def __init__(self, mode: str = "r") -> None:
+        if mode not in TIME_FORMATS:
+            raise ValueError(f"unknown time format {mode!r} (one of {', '.join(TIME_FORMATS)})")
+        self.mode = mode
+        self.width = _TIME_WIDTH[mode]
+        self.start: dict[Any, int] = {}  # capture set -> its start (ns)
+        self.previous: int | None = None  # the time of the previous row (read: d; shown: dd)
+
+    @property
+    def needs_every_row(self) -> bool:
+        """Whether the format's reference comes from every row read (``r``, ``d``), not only from the rows shown."""
+        return self.mode in ("r", "d")
+
+    def text(self, row: Mapping[str, Any]) -> str:
+        """The time of ``row`` (``ts`` in integer ns, ``None`` when unknown) in this format, padded to its column."""
+        return self.value(row).rjust(self.width)
+
+    def value(self, row: Mapping[str, Any]) -> str:
+        """The time of ``row``, unpadded (``?`` when the time or its reference is unknown)."""
+        ts: int | None = row["ts"]
+        mode = self.mode
+        if mode in ("a", "ad"):
+            return "?" if ts is None else utc_text(ts, date=mode == "ad")
+        if mode == "e":
+            return "?" if ts is None else seconds_text(ts)
+        if mode == "dd":
+            ref, self.previous = self.previous, ts
+        elif TS_REF in row:
+            ref = row[TS_REF]
+        elif mode == "r":
+            key = row.get(_SET)
+            if key not in self.start:
+                first = row.get("ts_first")
+                begun = first if first is not None else ts
+                if begun is not None:
+                    self.start[key] = begun
+            ref = self.start.get(key)
+        else:
+            ref, self.previous = self.previous, ts
+        return "?" if ts is None or ref is None else seconds_text(ts - ref)
+
+    def prepare(self, table: Any) -> Any:
+        """``table`` (pyarrow, every row read, before a filter) with the :data:`TS_REF` column ``r`` and ``d`` need.
+
+        ``r``: each row's capture-set start (as :meth:`text` finds it); ``d``:
+        the previous row's ``ts``.
+        Other formats need no reference: ``table`` comes back as it was.
+        """
+        if self.mode not in ("r", "d"):
+            return table
+        from ..tables.times import with_time_reference
+
+        table, self.previous = with_time_reference(table, self.mode, self.start, self.previous, TS_REF)
+        return table
 
 
 def json_line(row: Mapping[str, Any]) -> str:
@@ -54,18 +175,26 @@ def json_line(row: Mapping[str, Any]) -> str:
     return json.dumps({name: (None if ts is None else round(ts / _NS, 6)) if name == "ts" else row[name] for name in JSON_COLUMNS})
 
 
-def text_line(row: Mapping[str, Any]) -> str:
-    """One line: frame, connection, direction, command, role, status (responses) or vbucket, opaque, key, seqno, problems."""
-    frame = row["type"] == "frame"
+def text_line(row: Mapping[str, Any], clock: Clock | None = None) -> str:
+    """One line of the frames list: frame, time (with ``clock``), packet, connection, direction, then what the row holds.
+
+    A frame: its command, role, status (a response) or vbucket (a request),
+    opaque, key, seqno and problems; garbage, a truncated frame or a gap:
+    its length and reason.  Numbers are decimal but the opaque (hex, as the docs draw it); a
+    response's status is its name (``Success``).
+    """
+    time = f" {clock.text(row)}" if clock is not None else ""
+    packet = row.get("packet")
+    head = f"{row['frame']:>7}{time}{f' pkt {packet}' if packet is not None else ''} conn {row['conn_id']} {row['dir']}"
+    problems = f" [{'; '.join(row['problems'])}]" if row["problems"] else ""
+    if row["type"] != "frame":
+        length = row.get("length")
+        size = f" {plural(length, 'byte')}" if length is not None else ""
+        return f"{head} {row['type']}{size}{safe_text(problems)}"
     status = row["status_name"] if row["role"] == "response" else f"vb={row['vbucket']}"
-    what = row["name"] if frame else row["type"]
     extra = f" key={row['key']!r}" if row["key"] is not None else ""
     extra += f" seqno={row['seqno']}" if row["seqno"] is not None else ""
-    extra += f" [{'; '.join(row['problems'])}]" if row["problems"] else ""
-    return (
-        f"{row['frame']:>7} conn {row['conn_id']} {row['dir']} {what} {row['role'] or ''} {status if frame else ''} "
-        f"opaque=0x{(row['opaque'] or 0):08x}{safe_text(extra)}"
-    )
+    return f"{head} {row['name']} {row['role'] or ''} {status} opaque=0x{(row['opaque'] or 0):08x}{safe_text(extra + problems)}"
 
 
 def record_rows(records: Iterable[Record], columns: Sequence[str]) -> list[dict[str, Any]]:
@@ -74,11 +203,11 @@ def record_rows(records: Iterable[Record], columns: Sequence[str]) -> list[dict[
     return [dict(zip(columns, values, strict=True)) for values in zip(*(cols[c] for c in columns), strict=True)]
 
 
-def record_lines(records: Iterable[Record], *, as_json: bool) -> list[str]:
-    """The lines of ``records``: :func:`json_line` or :func:`text_line` of each."""
+def record_lines(records: Iterable[Record], *, as_json: bool, clock: Clock | None = None) -> list[str]:
+    """The lines of ``records``: :func:`json_line` or :func:`text_line` of each (its time column from ``clock``)."""
     if as_json:
         return [json_line(row) for row in record_rows(records, JSON_COLUMNS)]
-    return [text_line(row) for row in record_rows(records, TEXT_COLUMNS)]
+    return [text_line(row, clock) for row in record_rows(records, TEXT_COLUMNS)]
 
 
 class LinePrinter:
@@ -190,8 +319,10 @@ class RecordPrinter(LinePrinter):
 
     name = "dcpinspect-record-printer"
 
-    def __init__(self, out: TextIO, *, as_json: bool, limit: int = 10_000, limit_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, out: TextIO, *, as_json: bool, limit: int = 10_000, limit_bytes: int = 8 * 1024 * 1024, time: str = "r") -> None:
         self.as_json = as_json
+        #: the text lines' time column: relative to the first record by default (``time``: one of :data:`TIME_FORMATS`)
+        self.clock = Clock(time)
         super().__init__(out, limit=limit, limit_bytes=limit_bytes)
 
     def size(self, item: Any) -> int:
@@ -200,15 +331,15 @@ class RecordPrinter(LinePrinter):
 
     def lines(self, batch: list[Any]) -> list[str]:
         """One line per record."""
-        return record_lines(batch, as_json=self.as_json)
+        return record_lines(batch, as_json=self.as_json, clock=self.clock)
 
     def dropped_line(self, n: int) -> str:
         """``# N records not shown ...``."""
-        return f"# {n} records not shown (the output could not keep up)"
+        return f"# {plural(n, 'record')} not shown (the output could not keep up)"
 
     def summary(self) -> str:
         """``", N records not shown (the output could not keep up)"`` when records were dropped, else ``""``."""
-        return f", {self.dropped} records not shown (the output could not keep up)" if self.dropped else ""
+        return f", {plural(self.dropped, 'record')} not shown (the output could not keep up)" if self.dropped else ""
 
 
 class LogLines(LinePrinter):
@@ -230,7 +361,7 @@ class LogLines(LinePrinter):
 
     def dropped_line(self, n: int) -> str:
         """``PREFIX N log lines not shown ...``."""
-        return f"{self.prefix}{n} log lines not shown (stderr could not keep up)"
+        return f"{self.prefix}{plural(n, 'log line')} not shown (stderr could not keep up)"
 
 
 class QueuedLogHandler(logging.Handler):

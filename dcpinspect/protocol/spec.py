@@ -1,8 +1,8 @@
 """THE protocol table for the memcached binary protocol and DCP.
 
 Pure data, restated from kv_engine's protocol documentation (``docs/BinaryProtocol.md``,
-``docs/dcp/``; section numbers cited as §n are those of the project's fact sheet that
-restates them) and the seed documents.  Nothing here decodes anything: ``dissect.py``, ``encode.py``,
+``docs/dcp/documentation/``), its headers (``include/mcbp/protocol/``) and the DCP
+documents' example packets; docs/SOURCES.md lists the public source of each topic.  Nothing here decodes anything: ``dissect.py``, ``encode.py``,
 ``render.py`` and ``reference.py`` interpret these declarations.  Labels are
 the docs' own (``start seqno``, ``vb UUID``, ``rollback #``...) so the
 byte-table breakdowns read exactly like the protocol docs.
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------
-# §1.1 magic bytes
+# magic bytes (BinaryProtocol.md; include/mcbp/protocol/magic.h)
 
 MAGICS: dict[int, str] = {
     0x80: "ClientRequest",
@@ -67,13 +67,13 @@ MAGIC_ROLE_WORD = {
 }
 
 # ---------------------------------------------------------------------------
-# §2 datatype bits
+# datatype bits (BinaryProtocol.md, Data Types)
 
 DATATYPE: dict[int, str] = {0x01: "JSON", 0x02: "snappy", 0x04: "xattr"}
 DATATYPE_MASK = 0x07
 
 # ---------------------------------------------------------------------------
-# §3 status codes (plus the classic memcached 0x06)
+# status codes (include/mcbp/protocol/status.h; plus the classic memcached 0x06)
 
 STATUS: dict[int, str] = {
     0x00: "Success",
@@ -111,7 +111,7 @@ STATUS: dict[int, str] = {
 }
 
 # ---------------------------------------------------------------------------
-# §4.1 HELLO features
+# HELLO features (include/mcbp/protocol/feature.h)
 
 FEATURES: dict[int, str] = {
     0x01: "Datatype (retired)",
@@ -150,7 +150,7 @@ FEATURES: dict[int, str] = {
 }
 
 # ---------------------------------------------------------------------------
-# §1.3 flexible framing extras: frame-info ids and their payloads
+# flexible framing extras (BinaryProtocol.md): frame-info ids and their payloads
 
 #: request frame infos: id -> (name, payload fields; () = empty, None = free text)
 REQUEST_FRAME_INFOS: dict[int, tuple[str, tuple[Field, ...] | None]] = {
@@ -178,7 +178,7 @@ RESPONSE_FRAME_INFOS: dict[int, tuple[str, tuple[Field, ...] | None]] = {
 FRAME_INFO_STREAM_ID = 2
 
 # ---------------------------------------------------------------------------
-# §1.2 header layouts (labels exactly as the docs draw them)
+# header layouts (BinaryProtocol.md) (labels exactly as the docs draw them)
 
 HEADER_SIZE = 24
 HEADER = struct.Struct(">BBHBBHIIQ")  # magic opcode keylen extlen datatype vb/status body opaque cas
@@ -212,7 +212,7 @@ CLASSIC_HEADER = HEADER_LAYOUTS[(False, False)]
 ALT_HEADER = HEADER_LAYOUTS[(True, False)]
 
 # ---------------------------------------------------------------------------
-# DCP enums and flag sets (§6)
+# DCP enums and flag sets (docs/dcp/documentation/commands/)
 
 DCP_OPEN_FLAGS: dict[int, str] = {
     0x001: "producer",
@@ -277,7 +277,7 @@ MARKER_VERSION_EXTRAS = (
 #: DCP_CONTROL keys -> accepted values / the server's rule (the rules themselves: :mod:`.session`)
 CONTROL_KEYS: dict[str, str] = {key: rule.doc for key, rule in _CONTROL_RULES.items()}
 
-#: stream-request JSON value keys (seed 001, §6.4)
+#: stream-request JSON value keys (docs/dcp/documentation/commands/stream-request-value.md)
 STREAM_REQ_JSON_KEYS = {
     "uid": "manifest uid, hex string",
     "sid": "stream id, integer 1..65535",
@@ -301,7 +301,7 @@ FAILOVER_LOG = Group(
     "failover_log",
     "failover log entry",
     (_u("vb_uuid", "vb UUID", 8), _u("vb_seqno", "vb seqno", 8)),
-    doc="newest entry first (§7.3)",
+    doc="newest entry first (failover-log.md)",
 )
 STREAM_REQ_EXTRAS = (
     Field("flags", "flags", 4, FLAGS, STREAM_REQ_FLAGS, invalid={0x008: "NoValue stream flag is obsolete (EINVAL); use the DCP_OPEN flag"}),
@@ -429,7 +429,7 @@ def _system_event(doc: str, event: int, version: int, key_label: str | None, val
     return Variant(doc, when, extras=SYSTEM_EVENT_EXTRAS, key="text", key_label=key_label, value=value)
 
 
-_DOC_DELETION_DATATYPES = frozenset({0x00, 0x02, 0x04, 0x05, 0x06, 0x07})  # §2: valid for a received DCP deletion
+_DOC_DELETION_DATATYPES = frozenset({0x00, 0x02, 0x04, 0x05, 0x06, 0x07})  # valid for a received DCP deletion (Data Types)
 
 _COMMANDS: tuple[Command, ...] = (
     # --- classic memcached key-value opcodes real captures carry ---------------
@@ -470,7 +470,7 @@ _COMMANDS: tuple[Command, ...] = (
     Command(0x1C, "TOUCH", (Variant(extras=(_u("expiration", "expiration", 4),), key="doc"),), (STATUS_ONLY,)),
     _gat("GAT", 0x1D),
     _gat("GATQ", 0x1E),
-    # --- session bootstrap (§4) -------------------------------------------------
+    # --- session bootstrap (BinaryProtocol.md) -------------------------------------------------
     Command(
         0x1F,
         "HELLO",
@@ -543,7 +543,7 @@ _COMMANDS: tuple[Command, ...] = (
         group="session",
     ),
     Command(0xFE, "GET_ERROR_MAP", (Variant(value=(_u("version", "version", 2),)),), (Variant(value="json"),), group="session"),
-    # --- DCP 0x50-0x67 (§6) ------------------------------------------------------
+    # --- DCP 0x50-0x67 (docs/dcp/documentation/commands/) ------------------------------------------------------
     Command(
         0x50,
         "DCP_OPEN",
@@ -799,7 +799,7 @@ COMMANDS: dict[int, Command] = {c.opcode: c for c in _COMMANDS}
 #: name -> opcode
 OPCODES: dict[str, int] = {c.name: c.opcode for c in _COMMANDS}
 
-#: §6.21 cache-transfer record header (40 bytes) followed by key and value
+#: cache-transfer record header (commands/cache-transfer.md) (40 bytes) followed by key and value
 CACHE_RECORD_HEADER = (
     _u("cas", "cas", 8),
     _u("by_seqno", "by seqno", 8),
@@ -812,7 +812,7 @@ CACHE_RECORD_HEADER = (
     _u("cache_hint", "cache hint", 1),
 )
 
-#: §6.15 system-event v2 FlatBuffers tables: name -> [(field name, type)] in schema order
+#: system-event v2 FlatBuffers tables (commands/system_event.md): name -> [(field name, type)] in schema order
 FLATBUFFER_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "Collection": (
         ("uid", "u64"),

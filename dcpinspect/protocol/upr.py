@@ -1,4 +1,4 @@
-"""The protocol table of the old UPR draft (seed 003; REFERENCE.md, "UPR draft").
+"""The protocol table of the old UPR draft (couchbaselabs/ep-engine-designs upr-protocol.md; REFERENCE.md, "UPR draft").
 
 UPR was DCP's pre-release name.  Its first draft had a 12-byte header of its
 own (opcode, 3 reserved bytes, request id, length) and a body that starts

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FramesWriter",
+    "OutputError",
     "arrow_schema",
     "csv_table",
     "frame_counts",
@@ -135,41 +136,72 @@ def frame_rows(frames: pa.Table | pa.RecordBatch, columns: Iterable[str]) -> lis
     return rows
 
 
-class FramesWriter:
-    """The frames table written to one parquet or CSV file as it comes, table by table (the file is opened by the first)."""
+class OutputError(Exception):
+    """An output file cannot be written (the text says which and why, in one line)."""
 
-    def __init__(self, path: str | Path, fmt: str) -> None:
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class FramesWriter:
+    """The frames table written to one parquet or CSV file as it comes, table by table.
+
+    Rules: the file is created at once (a path that cannot be written fails
+    before any capture is read); a run with no rows still leaves a valid file
+    of the frames table's columns; every error of the file is an
+    :class:`OutputError` naming the path and the reason.
+    """
+
+    def __init__(self, path: str | Path, fmt: str, schema: pa.Schema = SCHEMA) -> None:
         if fmt not in ("parquet", "csv"):
             raise ValueError(f"no frames writer for {fmt!r} (parquet or csv)")
         self.path = str(path)
         self.fmt = fmt
         self.rows = 0
-        self._writer: Any = None
+        self.schema = schema
+        try:
+            self._file: Any = Path(self.path).open("wb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {_why(exc)}") from None
+        try:
+            self._writer: Any = self._open(schema)
+        except (OSError, pa.ArrowException) as exc:
+            self._file.close()
+            raise OutputError(f"cannot write {self.path}: {exc}") from None
+
+    def _open(self, schema: pa.Schema) -> Any:
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetWriter(self._file, schema, use_dictionary=list(DICTIONARY_COLUMNS), write_statistics=_statistics(schema))
+        import pyarrow.csv as pcsv
+
+        return pcsv.CSVWriter(self._file, csv_table(schema.empty_table()).schema)
 
     def write(self, frames: pa.Table | pa.RecordBatch) -> None:
         """Append the rows of ``frames`` (of the frames table's schema)."""
         table = _table(frames)
+        if not table.schema.equals(self.schema):
+            table = table.select(self.schema.names).cast(self.schema)
         if self.fmt == "csv":
             table = csv_table(table)
-        if self._writer is None:
-            if self.fmt == "parquet":
-                import pyarrow.parquet as pq
-
-                self._writer = pq.ParquetWriter(
-                    self.path, table.schema, use_dictionary=list(DICTIONARY_COLUMNS), write_statistics=_statistics(table.schema)
-                )
-            else:
-                import pyarrow.csv as pcsv
-
-                self._writer = pcsv.CSVWriter(self.path, table.schema)
-        self._writer.write_table(table)
+        try:
+            self._writer.write_table(table)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {_why(exc)}") from None
         self.rows += table.num_rows
 
     def close(self) -> None:
-        """Finish the file (if one was opened)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Finish the file (a valid file, also with no rows)."""
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        try:
+            writer.close()
+            self._file.close()
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {_why(exc)}") from None
 
 
 def reference_frame(*, dialect: str | None = None) -> pd.DataFrame:

@@ -8,6 +8,16 @@ too); the value readers are in :mod:`.values`, the result types in
 :mod:`.dissection`.  Dissection is total: it never raises on a frame that came
 from the decoder; everything wrong becomes a :class:`~.dissection.Problem` with
 the offending byte range.
+
+A frame the capture cut short (a :class:`~.events.Truncated` event whose
+24-byte header was captured) is dissected as far as its bytes go by
+:func:`dissect_truncated`: the header says how long the frame is, every
+section (framing extras, extras, key, value) that was captured whole is read
+as usual, the section the cut falls in is shown as far as it goes, and the
+missing part is one problem, ``… 1,234 bytes not captured``
+(:func:`not_captured`); problems that only the missing bytes caused (a
+short extras section, a value that is not valid JSON because it stops
+halfway) are not reported.
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ from ..protocol.enums import Magic, Opcode, Status
 from ..protocol.fields import BYTES, TEXT, ExtrasLength, Field, FieldIs, Rule, StatusIs, Variant
 from ..protocol.upr import UPR_BODIES, UPR_HEADER, UPR_HEADER_SIZE
 from .dissection import DEFAULT_CONTEXT, Block, DissectContext, Dissection, Leaf, Problem, leaf, text
-from .events import Frame
+from .events import Frame, Truncated
 from .framing import decode_leb128, parse_frame_infos
 from .values import PACKED_DATATYPES, VALUE_READERS, field_problems, read_fields, read_plain_doc
 
-__all__ = ["GENERIC", "command_names", "dissect", "select_variant"]
+__all__ = ["GENERIC", "command_names", "dissect", "dissect_truncated", "not_captured", "select_variant"]
 
 #: what a frame is read as when the table has nothing better: any extras, key and value
 GENERIC = Variant("generic", any_extras=True, key="any", value="any")
@@ -155,6 +165,41 @@ def dissect(frame: Frame, context: DissectContext | None = None) -> Dissection:
     rules = variant.value_rules if early else variant.rules
     if rules or variant.cas is not None or variant.datatypes is not None:
         _late_rules(d, variant, h, rules)
+    return d
+
+
+def not_captured(missing: int, total: int) -> str:
+    """The line that marks a truncated frame's missing part: ``… 1,234 bytes not captured (the frame is 1,318 bytes)``."""
+    return f"… {missing:,} byte{'' if missing == 1 else 's'} not captured (the frame is {total:,} bytes)"
+
+
+def dissect_truncated(event: Truncated, context: DissectContext | None = None) -> Dissection | None:
+    """A truncated frame dissected as far as its bytes go (``None``: not even a plausible mcbp header was captured).
+
+    The result's frame holds the captured bytes only (never zero-filled);
+    ``missing`` says how many the header promised beyond them, and the last
+    problem marks them (:func:`not_captured`).  Problems are kept only where
+    they concern sections captured whole (the header's own ones when the
+    extras were captured whole).
+    """
+    data = bytes(event.data)
+    if len(data) < _HEADER_SIZE or data[0] not in _MAGIC_INFO:
+        return None
+    h = _HEADER_UNPACK(data)
+    alt = _MAGIC_INFO[data[0]][0]
+    total = _HEADER_SIZE + h[6]
+    if total <= len(data):  # not short after all (the decoder cut it for another reason): the whole frame
+        return dissect(Frame(event.offset, data[:total]), context)
+    d = dissect(Frame(event.offset, data), context)
+    fl = h[2] >> 8 if alt else 0
+    bounds = [_HEADER_SIZE, _HEADER_SIZE + fl]
+    bounds.append(bounds[-1] + h[3])  # extras end
+    bounds.append(bounds[-1] + (h[2] & 0xFF if alt else h[2]))  # key end
+    whole = max((b for b in bounds if b <= len(data)), default=_HEADER_SIZE)  # the end of the last section captured whole
+    extras_whole = bounds[2] <= len(data)
+    d.problems = [p for p in d.problems if p.offset + p.length <= whole and (p.offset >= _HEADER_SIZE or extras_whole) and p.offset < whole]
+    d.missing = total - len(data)
+    d.problems.append(Problem(not_captured(d.missing, total), len(data), 0))
     return d
 
 

@@ -209,6 +209,8 @@ class Dissection:
         document: the decoded document (JSON object, text) where one applies.
         problems: protocol violations found, with byte ranges.
         secrets: ``(offset, length)`` of the bytes that are masked secrets.
+        missing: how many bytes of the frame were not captured (0: all of it;
+            :func:`~dcpinspect.wire.dissect.dissect_truncated` dissects the rest).
         items: the compact record the fields are expanded from (:class:`Leaf`, :class:`Block`),
             in frame order after the header; the dissector appends to it.
         context: the context used.
@@ -224,6 +226,7 @@ class Dissection:
         "frame",
         "items",
         "key",
+        "missing",
         "name",
         "problems",
         "role",
@@ -249,6 +252,7 @@ class Dissection:
         self.problems: list[Problem] = []
         self.secrets: list[tuple[int, int]] = _NO_SECRETS  # replaced by a list when one is found
         self.items: list[Leaf | Block] = []
+        self.missing = 0  # bytes of the frame the capture did not hold (a truncated frame's dissection)
         self._fields: list[FieldValue] | None = None
 
     @property
@@ -260,7 +264,10 @@ class Dissection:
     def fields(self) -> list[FieldValue]:
         """Every field, in frame order (built on first access)."""
         if self._fields is None:
-            self._fields = _expand(self)
+            fields = _expand(self)
+            if self.missing:  # a truncated frame: only the fields that start in the bytes captured
+                fields = [f for f in fields if f.offset < len(self.frame.raw)]
+            self._fields = fields
         return self._fields
 
     @property

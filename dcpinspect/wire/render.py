@@ -2,7 +2,11 @@
 
 ``byte_table`` draws the grid exactly like the kv_engine DCP docs (and, for the
 ``upr`` dialect, like the UPR draft); ``breakdown`` prints the
-``Field (offset) (value)`` table; ``annotate`` is both.  ``annotate_html`` is
+``Field (offset) (value)`` table; ``annotate`` is both, with reading aids
+the seed documents do not print (seqnos, lengths and counts also in decimal,
+a CAS as its hybrid logical clock time, status 0 as ``(Success)``);
+``breakdown`` alone prints exactly what the seed documents print unless asked
+for them (``notes=True``).  ``annotate_html`` is
 the notebook form: each field's bytes coloured and linked to its breakdown row,
 every piece of wire text HTML-escaped.  Pure functions of their input: no I/O.
 """
@@ -11,18 +15,30 @@ from __future__ import annotations
 
 import html
 import itertools
+import re
+from datetime import UTC, datetime, timedelta
 
-from .dissect import dissect
+from ..protocol.enums import Status
+from ..protocol.spec import STATUS
+from .dissect import dissect, dissect_truncated
 from .dissection import INT_KINDS, DissectContext, Dissection, FieldValue
 from .events import Frame, Gap, Garbage, Truncated, set_renderers
 
-__all__ = ["annotate", "annotate_html", "breakdown", "byte_table", "safe_text", "summary"]
+__all__ = ["annotate", "annotate_html", "breakdown", "byte_table", "hlc_text", "plural", "safe_text", "summary"]
 
 CELL = 15  # characters between two '|' of the grid
 DEFAULT_MAX_ROWS = 64  # grid rows before long frames are elided (the breakdown lists everything)
 MAX_VALUE_CHARS = 96  # breakdown: longer text values are shortened
 
 Annotatable = Frame | Dissection | Garbage | Truncated | Gap | bytes
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``n`` and the word in the number it needs: ``1 item``, ``2 items``, ``0 entries`` (``words``: an irregular plural).
+
+    Every count a message prints goes through it: never ``1 items``.
+    """
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def safe_text(s: str, limit: int | None = None) -> str:
@@ -94,7 +110,7 @@ def _grid_lines(data: bytes, marks: tuple[list[bool], list[bool]], upr: bool, ma
     for r in keep:
         if r == elide_to and elide_from >= 0:
             a, b = elide_from * 4, elide_to * 4 - 1
-            note = f" {b - a + 1} bytes not shown (offsets {a}-{b})"
+            note = f" {plural(b - a + 1, 'byte')} not shown (offsets {a}-{b})"
             lines.append("...".rjust(w) + "|" + note.ljust(4 * CELL + 3) + "|")
             lines.append(sep4)
         off = r * 4
@@ -146,8 +162,52 @@ def offset_text(f: FieldValue) -> str:
     return f"({f.offset}-{f.offset + f.length - 1})"
 
 
-def value_text(f: FieldValue) -> str:
-    """A field's value as the breakdown prints it (zero-padded hex + meaning, or text)."""
+#: fields (by their path's last name) whose value is a number to read, not a bit pattern: the notes add it in decimal
+_DECIMAL = re.compile(r"(seqno|length|_bytes|nmeta|counter|delta|initial|expiration|lock_time|max_ttl|revision)$")
+_STATUS_PATH = "header.status"
+_CAS_PATH = "header.cas"
+_HLC_LOGICAL = 0xFFFF  # kv_engine hlc.h: the low 16 bits of an HLC CAS are a logical counter, the rest nanoseconds
+_HLC_FROM = 10**18  # nanoseconds of 2001-09-09: a CAS below it is not an HLC time (a counter, or a test's CAS)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def hlc_text(cas: int) -> str | None:
+    """A CAS read as its hybrid logical clock time, ``HLC 2026-01-02 10:11:12.123456 UTC``; ``None`` when it is none.
+
+    kv_engine (``hlc.h``, ``HLC::nextHLC``) makes a CAS from the system clock's
+    nanoseconds since the epoch with the low 16 bits cleared, and counts in
+    those bits when the clock has not moved on; so the time is the CAS with
+    its low 16 bits cleared.  A CAS of 0 or one before 2001 (an old counter
+    CAS, a test's) is no time.
+    """
+    if cas < _HLC_FROM:
+        return None
+    when = _EPOCH + timedelta(microseconds=(cas & ~_HLC_LOGICAL) // 1000)
+    return f"HLC {when:%Y-%m-%d %H:%M:%S.%f} UTC"
+
+
+def _note(f: FieldValue) -> str | None:
+    """The reading aid of a field (``notes``): a number in decimal, a CAS's HLC time, status 0's name."""
+    v = f.value
+    if not isinstance(v, int) or isinstance(v, bool) or f.secret:
+        return None
+    name = f.path.rsplit(".", 1)[-1].split("[", 1)[0]
+    if f.path == _STATUS_PATH and v == Status.SUCCESS and not f.meaning:
+        return STATUS[Status.SUCCESS]
+    if f.path == _CAS_PATH:
+        return hlc_text(v)
+    if f.kind == "uint" and v >= 10 and _DECIMAL.search(name):
+        return str(v)  # below 10 the hex says the same
+    return None
+
+
+def value_text(f: FieldValue, *, notes: bool = False) -> str:
+    """A field's value as the breakdown prints it (zero-padded hex + meaning, or text).
+
+    ``notes`` adds reading aids the seed documents do not print: seqnos,
+    lengths and counts also in decimal, a CAS as its HLC time, status 0 as
+    ``(Success)``.
+    """
     v = f.value
     if f.secret:
         shown = v if isinstance(v, str) else "********"
@@ -156,7 +216,7 @@ def value_text(f: FieldValue) -> str:
         shown = f"0x{v:0{width}x}" if v >= 0 else f"-0x{-v:0{width}x}"
     elif isinstance(v, bytes):
         hx = v.hex()
-        shown = "0x" + (hx if len(hx) <= 2 * MAX_VALUE_CHARS // 2 else hx[:MAX_VALUE_CHARS] + f"... ({len(v)} bytes)")
+        shown = "0x" + (hx if len(hx) <= 2 * MAX_VALUE_CHARS // 2 else hx[:MAX_VALUE_CHARS] + f"... ({plural(len(v), 'byte')})")
     elif isinstance(v, bool):
         shown = "true" if v else "false"
     elif v is None:
@@ -165,12 +225,15 @@ def value_text(f: FieldValue) -> str:
         shown = safe_text(str(v), MAX_VALUE_CHARS)
     if f.meaning:
         shown += f" ({safe_text(f.meaning)})"
+    note = _note(f) if notes else None
+    if note:
+        shown += f" ({note})"
     return shown
 
 
-def _breakdown_lines(d: Dissection) -> tuple[list[str], list[str], list[str]]:
+def _breakdown_lines(d: Dissection, notes: bool = False) -> tuple[list[str], list[str], list[str]]:
     """(title and column header, one row per field, one line per problem)."""
-    rows = [("  " * f.depth + f.label, offset_text(f), value_text(f)) for f in d.fields]
+    rows = [("  " * f.depth + f.label, offset_text(f), value_text(f, notes=notes)) for f in d.fields]
     lw = max([len("Field")] + [len(r[0]) for r in rows]) + 1
     ow = max([0] + [len(r[1]) for r in rows])
     head = [d.title, "Field".ljust(lw) + "(offset) (value)"]
@@ -182,20 +245,21 @@ def _breakdown_lines(d: Dissection) -> tuple[list[str], list[str], list[str]]:
     return head, body, problems
 
 
-def breakdown(obj: Frame | Dissection, *, context: DissectContext | None = None) -> str:
+def breakdown(obj: Frame | Dissection, *, context: DissectContext | None = None, notes: bool = False) -> str:
     """The ``Field (offset) (value)`` table, titled ``<NAME> command|response``.
 
     Header fields flush left, extras and value sub-fields indented two spaces,
-    problems as trailing ``! ...`` lines.
+    problems as trailing ``! ...`` lines.  By default exactly as the seed
+    documents print it; ``notes`` adds the reading aids of :func:`value_text`.
     """
-    head, body, problems = _breakdown_lines(_as_dissection(obj, context))
+    head, body, problems = _breakdown_lines(_as_dissection(obj, context), notes)
     return "\n".join(head + body + problems)
 
 
 def _event_line(obj: Garbage | Truncated | Gap) -> str:
     if isinstance(obj, Gap):
-        return f"gap: {obj.length} bytes missing at offset {obj.offset}"
-    return f"{obj.type}: {len(obj.data)} bytes at offset {obj.offset} ({safe_text(obj.reason)})"
+        return f"gap: {plural(obj.length, 'byte')} missing at offset {obj.offset}"
+    return f"{obj.type}: {plural(len(obj.data), 'byte')} at offset {obj.offset} ({safe_text(obj.reason)})"
 
 
 def annotate(
@@ -203,15 +267,19 @@ def annotate(
     *,
     context: DissectContext | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
+    notes: bool = True,
 ) -> str:
-    """Grid, a blank line, then the breakdown; garbage/truncated/gap get a one-line reason."""
+    """Grid, a blank line, then the breakdown (with its reading aids unless ``notes=False``); garbage/truncated/gap get a one-line reason."""
+    if isinstance(obj, Truncated) and (d := dissect_truncated(obj, context)) is not None:
+        # a truncated frame whose header was captured: dissected as far as its bytes go, the rest marked as not captured
+        return _event_line(obj) + "\n" + byte_table(d, max_rows=max_rows) + "\n\n" + breakdown(d, notes=notes)
     if isinstance(obj, (Garbage, Truncated, Gap)):
         grid = byte_table(obj, max_rows=max_rows)
         return _event_line(obj) + ("\n" + grid if grid else "")
     if isinstance(obj, bytes):
         return byte_table(obj, max_rows=max_rows)
     d = _as_dissection(obj, context)
-    return byte_table(d, max_rows=max_rows) + "\n\n" + breakdown(d)
+    return byte_table(d, max_rows=max_rows) + "\n\n" + breakdown(d, notes=notes)
 
 
 def summary(obj: Frame | Dissection, *, context: DissectContext | None = None) -> str:
@@ -229,7 +297,7 @@ def summary(obj: Frame | Dissection, *, context: DissectContext | None = None) -
                 parts.append(f"{name}={d.extras[name]}")
                 break
     if d.problems:
-        parts.append(f"[{len(d.problems)} problem{'s' if len(d.problems) > 1 else ''}]")
+        parts.append(f"[{plural(len(d.problems), 'problem')}]")
     return " ".join(parts)
 
 
@@ -245,8 +313,12 @@ _uid = itertools.count(1)
 _PRE = "font-family:var(--jp-code-font-family,monospace);white-space:pre;word-break:normal;overflow-x:auto"
 
 
-def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
-    """Notebook HTML: coloured grid cells linked to breakdown rows; all wire text escaped."""
+def annotate_html(
+    obj: Annotatable, *, context: DissectContext | None = None, max_rows: int | None = DEFAULT_MAX_ROWS, notes: bool = True
+) -> str:
+    """Notebook HTML: coloured grid cells linked to breakdown rows (as :func:`annotate`'s); all wire text escaped."""
+    if isinstance(obj, Truncated) and (d := dissect_truncated(obj, context)) is not None:
+        return f'<pre style="{_PRE}">' + html.escape(_event_line(obj)) + "</pre>" + annotate_html(d, max_rows=max_rows, notes=notes)
     if not isinstance(obj, (Frame, Dissection)):
         return f'<pre style="{_PRE}">' + html.escape(annotate(obj, max_rows=max_rows)) + "</pre>"
     d = _as_dissection(obj, context)
@@ -285,7 +357,7 @@ def annotate_html(obj: Annotatable, *, context: DissectContext | None = None, ma
                 f' style="background:{PALETTE[i % len(PALETTE)]};color:inherit;text-decoration:none">{html.escape(cell)}</a>'
             )
         out.append(html.escape(head) + "|" + "|".join(marked) + "|")
-    title, body, problems = _breakdown_lines(d)
+    title, body, problems = _breakdown_lines(d, notes)
     bd = [html.escape(line) for line in title]
     for i, row in enumerate(body):
         bd.append(f'<span id="{uid}-f{i}" class="f{i}" style="background:{PALETTE[i % len(PALETTE)]}">{html.escape(row)}</span>')

@@ -74,9 +74,9 @@ def test_not_a_capture_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 1
     err = capsys.readouterr().err
     assert "notes.txt" in err and "not a pcap or pcapng capture" in err and "byte offset 0" in err
-    # one bad file among good ones: the good ones still decode
+    # one bad file among good ones: the good ones still decode, and the run says that something failed
     code, out = run("frames", "--json", "--no-progress", str(bad), str(COUNTER))
-    assert code == 0 and len(out.splitlines()) == 10
+    assert code == 1 and len(out.splitlines()) == 10
 
 
 def test_truncated_capture_keeps_what_was_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

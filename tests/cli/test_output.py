@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 
@@ -10,7 +11,7 @@ from paths import CAPTURES
 
 from dcpinspect import encode
 from dcpinspect.capture.read import read_records
-from dcpinspect.cli.output import JSON_COLUMNS, TEXT_COLUMNS, json_line, record_lines, text_line
+from dcpinspect.cli.output import JSON_COLUMNS, TEXT_COLUMNS, Clock, RecordPrinter, json_line, record_lines, text_line
 from dcpinspect.live.tap import LiveCapture
 from dcpinspect.tables.export import frame_rows, frames_table
 
@@ -47,11 +48,24 @@ def test_the_text_line() -> None:
     conn.data("s2c", encode("NOOP", response=True, opaque=8), ts=4_000)
     cap.close()
     assert record_lines(cap.records, as_json=False) == [
-        "      1 conn 1 c2s GET request vb=3 opaque=0x00000007 key='k\\x1b[2J'",
-        "      2 conn 1 s2c GET response KeyEnoent opaque=0x00000007",
-        "      3 conn 1 s2c gap   opaque=0x00000000 [100 bytes missing from the capture]",
-        "      4 conn 1 s2c NOOP response Success opaque=0x00000008",
+        "      1 pkt 4 conn 1 c2s GET request vb=3 opaque=0x00000007 key='k\\x1b[2J'",
+        "      2 pkt 5 conn 1 s2c GET response KeyEnoent opaque=0x00000007",
+        "      3 pkt 6 conn 1 s2c gap 100 bytes [100 bytes missing from the capture]",
+        "      4 pkt 6 conn 1 s2c NOOP response Success opaque=0x00000008",
     ]
+    # the live tools' printers: time relative to the first record
+    assert record_lines(cap.records, as_json=False, clock=Clock("r")) == [
+        "      1   0.000000 pkt 4 conn 1 c2s GET request vb=3 opaque=0x00000007 key='k\\x1b[2J'",
+        "      2   0.000001 pkt 5 conn 1 s2c GET response KeyEnoent opaque=0x00000007",
+        "      3   0.000002 pkt 6 conn 1 s2c gap 100 bytes [100 bytes missing from the capture]",
+        "      4   0.000002 pkt 6 conn 1 s2c NOOP response Success opaque=0x00000008",
+    ]
+    out = io.StringIO()
+    printer = RecordPrinter(out, as_json=False)
+    for rec in cap.records:
+        printer.add(rec)
+    assert printer.close()
+    assert out.getvalue().splitlines()[3] == "      4   0.000002 pkt 6 conn 1 s2c NOOP response Success opaque=0x00000008"
     rows = [json.loads(line) for line in record_lines(cap.records, as_json=True)]
     assert [tuple(r) for r in rows] == [JSON_COLUMNS] * 4
     # the gap's time is when the bytes after it came

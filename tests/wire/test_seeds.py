@@ -1,9 +1,12 @@
-"""Golden tests from the five seed documents: bytes, grids and breakdowns.
+"""Golden tests from the seed documents: bytes, grids and breakdowns.
 
 Every packet drawn in the seeds decodes, dissects and renders from its bytes;
 our grid rows equal the seed's rows and our breakdown equals the seed's
 breakdown, except where the seed disagrees with its own bytes - the bytes win,
 and each such case is listed here and shown as a problem on the example.
+The seeds' byte tables are read from their extraction in tests/golden/seeds/
+(see tests/seedparse.py), so these run on a fresh clone; one ``shared`` test
+checks the extraction against the documents where they are present.
 """
 
 from __future__ import annotations
@@ -11,13 +14,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from seedparse import SEEDS, grids
+from seedparse import PREFIXES, SEEDS, golden_grids, golden_path, grids, to_json
 
 from dcpinspect import Frame, breakdown, byte_table, decode, dissect
 from dcpinspect.wire.examples import EXAMPLES, UNFINISHED_UPR_STREAM_MESSAGE, example
 from dcpinspect.wire.render import annotate
-
-pytestmark = [pytest.mark.shared, pytest.mark.skipif(not SEEDS.is_dir(), reason="../shared/seeds is absent")]
 
 #: seed grid -> example name, in the order the seeds draw them
 ORDER = {
@@ -54,12 +55,19 @@ KNOWN_UPR_DIFFS = {
     ("upr-failover-log-request", "Request ID"): (0x2D, 0x0400002D),
 }
 
-ALL_GRIDS = [(p, g) for p in ("000", "002", "003", "004") for g in grids(p)] if SEEDS.is_dir() else []
+ALL_GRIDS = [(p, g) for p in PREFIXES for g in golden_grids(p)]
 
 
 def _grid_id(item: tuple[str, object]) -> str:
     p, g = item
     return f"{p}-{g.index}"  # type: ignore[attr-defined]
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="../shared/seeds is absent")
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_extracted_seed_grids_match_the_documents(prefix: str) -> None:
+    assert golden_path(prefix).read_text() == to_json(prefix, grids(prefix)), "rerun: python tests/seedparse.py"
 
 
 def test_every_seed_grid_is_an_example() -> None:
