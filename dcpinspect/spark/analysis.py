@@ -267,13 +267,84 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
         "timings": lap.timings,
     }
     if report:
-        from ..views.report import render_report
-
-        counts = {k: res[k] for k in _COUNTS}
-        page = render_report(t, picked, rows, counts=counts, sampled=n > _SAMPLED, stream_items=p.stream_items(max_items=max_items))
+        page = _report(p, out, t, picked, rows, res, num=num, sampled=n > _SAMPLED, max_items=max_items)
         _write_text(f"{out}/report.html", page)
         lap("report")
     return res
+
+
+_REPORT_COLUMNS = (
+    "frame",
+    "capture_set",
+    "set_frame",
+    "file",
+    "conn_id",
+    "dir",
+    "ts",
+    "type",
+    "name",
+    "vbucket",
+    "status_name",
+    "problems",
+)
+
+
+def _report(
+    p: Pipeline, out: str, t: Any, picked: Any, rows: list[dict[str, Any]], res: dict[str, Any], *, num: Any, sampled: bool, max_items: int
+) -> str:
+    """``report.html`` (:func:`dcpinspect.views.report.render_report`) of the run.
+
+    The frames the anomalies name and each set's first frame are read back
+    from the frames table just written (one small job); every connection
+    numbered is listed, TLS ones too.
+    """
+    from ..views.report import named_frames, render_report
+
+    wanted = sorted(set(named_frames(t)) | set((getattr(t, "set_first", None) or {}).values()))
+    named = _named_rows(p.spark, out, wanted) if wanted else None
+    if (picked is None or "frame" not in picked.column_names) and not sampled and _local(p.spark, out):
+        # the sample says no frame numbers, so not which set each frame is in: a small table is read whole instead
+        import pyarrow.dataset as ds
+
+        data = ds.dataset(f"{out}/frames", format="parquet")
+        picked = data.to_table(columns=[c for c in ("frame", "capture_set", "set_frame", "ts", "type", "name") if c in data.schema.names])
+    labels = getattr(num, "labels", {}) or {}
+    extra_conns = [
+        {"conn": c, "label": label, "note": "no memcached frames decoded (TLS, or another protocol)"}
+        for c, label in sorted(labels.items())
+        if c not in t.connections
+    ]
+    counts = {k: res[k] for k in _COUNTS}
+    return render_report(
+        t,
+        picked,
+        rows,
+        counts=counts,
+        sampled=sampled,
+        stream_items=p.stream_items(max_items=max_items),
+        connections=extra_conns,
+        named=named,
+    )
+
+
+def _local(spark: Any, out: str) -> bool:
+    """Whether the driver can read ``out`` itself (a local path, not Spark Connect)."""
+    return "://" not in out and not _is_connect(spark)
+
+
+def _named_rows(spark: Any, out: str, frames: list[int]) -> pa.Table:
+    """The rows of ``frames`` (frame numbers) in the frames table just written: read by the driver where it can, else by Spark."""
+    if _local(spark, out):
+        import pyarrow.dataset as ds
+
+        data = ds.dataset(f"{out}/frames", format="parquet")
+        cols = [c for c in _REPORT_COLUMNS if c in data.schema.names]
+        return data.to_table(columns=cols, filter=ds.field("frame").isin(frames))
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(f"{out}/frames")
+    cols = [c for c in _REPORT_COLUMNS if c in df.columns]
+    return df.where(F.col("frame").isin(frames)).select(*cols).toArrow()
 
 
 def _write_small(spark: Any, out: str, name: str, table: pa.Table) -> None:
