@@ -43,14 +43,17 @@ __all__ = [
     "busiest",
     "display_points",
     "figure_png",
+    "fit_margins",
     "frame_at",
     "frame_at_pixel",
     "frames_of",
     "legend",
     "new_axes",
+    "say_empty",
     "tag",
     "thin",
     "timeline_clock",
+    "widen_left",
 ]
 
 #: Okabe-Ito, without black (unreadable on dark backgrounds)
@@ -97,6 +100,7 @@ def frame_at_pixel(fig: Figure, x: float, y: float, *, dpi: float = 80) -> int |
     old_dpi = fig.dpi
     try:
         fig.set_dpi(dpi)
+        fit_margins(fig)
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()  # the layout (constrained/tight) of the saved picture
         _w, h = canvas.get_width_height()
@@ -148,22 +152,68 @@ def tag(artist: Artist, frames: Iterable[int], gid: str) -> Artist:
 
 
 def figure_png(fig: Figure, dpi: float = 80) -> bytes:
-    """A figure as PNG bytes (no pyplot involved), on its own face colour."""
+    """A figure as PNG bytes (no pyplot involved), on its own face colour (fast compression: a picture is sent once)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor=fig.get_facecolor())
+    fit_margins(fig)
+    fig.savefig(buf, format="png", dpi=dpi, facecolor=fig.get_facecolor(), pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
-def new_axes(ax: Axes | None, theme: str, *, rows: int = 1, size: tuple[float, float] = (9.0, 4.5)) -> tuple[Figure, list[Axes]]:
-    """``ax``'s figure and ``[ax]``, or a new figure of ``rows`` axes one above the other; every axes in the ``theme``'s colours."""
+#: margins (inches) of a figure laid out with ``layout="fixed"``: left, right, top, bottom, and between axes
+FIXED_MARGINS = (1.05, 0.25, 0.45, 0.6, 0.75)
+
+
+def widen_left(fig: Figure, labels: Sequence[str]) -> None:
+    """Room on the left of a ``layout="fixed"`` figure for the longest of ``labels`` (y tick labels, small font)."""
+    margins = getattr(fig, "dcpinspect_margins", None)
+    if margins is None or not labels:
+        return
+    need = 0.35 + 0.075 * max(len(t) for t in labels)
+    fig.dcpinspect_margins = (max(margins[0], need), *margins[1:])  # type: ignore[attr-defined]
+    fit_margins(fig)
+
+
+def fit_margins(fig: Figure) -> None:
+    """A ``layout="fixed"`` figure's axes placed at :data:`FIXED_MARGINS` inches from its edges, at its present size.
+
+    Constrained layout measures every label of every axis on each draw (tens
+    of milliseconds); fixed margins cost nothing and keep their size in
+    inches when the figure is made wider (the explorer draws it as wide as its place).
+    """
+    margins = getattr(fig, "dcpinspect_margins", None)
+    if margins is None:
+        return
+    left, right, top, bottom, between = margins
+    w, h = fig.get_size_inches()
+    rows = max(1, len(fig.axes))
+    fig.subplots_adjust(
+        left=min(0.45, left / w),
+        right=1 - min(0.2, right / w),
+        top=1 - min(0.3, top / h),
+        bottom=min(0.3, bottom / h),
+        hspace=between / max(0.1, (h - top - bottom - between * (rows - 1)) / rows),
+    )
+
+
+def new_axes(
+    ax: Axes | None, theme: str, *, rows: int = 1, size: tuple[float, float] = (9.0, 4.5), layout: str = "constrained"
+) -> tuple[Figure, list[Axes]]:
+    """``ax``'s figure and ``[ax]``, or a new figure of ``rows`` axes one above the other; every axes in the ``theme``'s colours.
+
+    ``layout`` is ``"constrained"`` (matplotlib's) or ``"fixed"`` (:func:`fit_margins`: fast, for pictures drawn often).
+    """
     colours = THEMES.get(theme, THEMES["light"])
     if ax is not None:
         fig = ax.get_figure()
         assert isinstance(fig, Figure)
         axes = [ax]
     else:
-        fig = Figure(figsize=(size[0], size[1] * rows), layout="constrained", facecolor=colours["face"])
+        fixed = layout == "fixed"
+        fig = Figure(figsize=(size[0], size[1] * rows), layout=None if fixed else "constrained", facecolor=colours["face"])
         axes = list(np.atleast_1d(fig.subplots(rows, 1, squeeze=False)[:, 0]))
+        if fixed:
+            fig.dcpinspect_margins = FIXED_MARGINS  # type: ignore[attr-defined]
+            fit_margins(fig)
     for a in axes:
         a.set_facecolor(colours["face"])
         a.grid(True, color=colours["grid"], linewidth=0.6)
@@ -231,26 +281,48 @@ def as_ns(values: Any) -> np.ndarray:
 
 
 class Clock:
-    """Frame number -> seconds since the first frame shown (exact where known, else interpolated)."""
+    """Frame number -> seconds since the first frame shown (exact where known, else interpolated).
 
-    def __init__(self, known: Mapping[int, int] | tuple[Sequence[int], Sequence[int]], x: str) -> None:
-        if isinstance(known, Mapping):
-            frames, ts = np.fromiter(known.keys(), dtype=np.int64), np.fromiter(known.values(), dtype=np.int64)
+    The known times are converted to the float arrays :func:`numpy.interp`
+    takes once, when the clock is made (:attr:`conversions` counts it), not at
+    every call: a plot calls its clock once per band and mark.
+    """
+
+    frames: np.ndarray
+    ts: np.ndarray
+    t0: int
+    _fx: np.ndarray
+    _fy: np.ndarray
+
+    def __init__(self, known: Mapping[int, int] | tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray] | Clock, x: str) -> None:
+        if isinstance(known, Clock):
+            self.frames, self.ts, self.t0 = known.frames, known.ts, known.t0
+            self._fx, self._fy = known._fx, known._fy
+            self.conversions = 0
         else:
-            frames, ts = np.asarray(known[0], dtype=np.int64), as_ns(known[1])
-        known_ts = ts != TS_UNKNOWN  # frames whose time is unknown are placed between their neighbours
-        frames, ts = frames[known_ts], ts[known_ts]
-        order = np.argsort(frames, kind="stable")
-        self.frames, self.ts = frames[order], ts[order]
+            if isinstance(known, Mapping):
+                frames, ts = np.fromiter(known.keys(), dtype=np.int64), np.fromiter(known.values(), dtype=np.int64)
+            else:
+                frames, ts = np.asarray(known[0], dtype=np.int64), as_ns(known[1])
+            known_ts = ts != TS_UNKNOWN  # frames whose time is unknown are placed between their neighbours
+            if not known_ts.all():
+                frames, ts = frames[known_ts], ts[known_ts]
+            if len(frames) > 1 and not bool(np.all(frames[1:] >= frames[:-1])):  # a capture's frames are in order: no sort
+                order = np.argsort(frames, kind="stable")
+                frames, ts = frames[order], ts[order]
+            self.frames, self.ts = frames, ts
+            self.t0 = int(self.ts.min()) if len(self.ts) else 0
+            self._fx = self.frames.astype(np.float64)
+            self._fy = (self.ts - self.t0).astype(np.float64) / 1e9
+            self.conversions = 1
         self.by_frame = x == "frame" or not len(self.frames)
-        self.t0 = int(self.ts.min()) if len(self.ts) else 0
 
     def __call__(self, frames: Sequence[int] | np.ndarray) -> np.ndarray:
         """The x coordinates of ``frames``."""
         f = np.asarray(frames, dtype=np.float64)
         if self.by_frame:
             return f
-        return (np.interp(f, self.frames.astype(np.float64), (self.ts - self.t0).astype(np.float64))) / 1e9
+        return np.interp(f, self._fx, self._fy)
 
     @property
     def label(self) -> str:
@@ -297,16 +369,31 @@ class SeqAxis:
         def fmt(v: float, _pos: object) -> str:
             if used and abs(v - max_at) < 1e-9 * max(1.0, max_at):
                 return "max"
-            return f"{v:,.0f}"
+            return f"{round(v) + 0:,}"  # never "-0"
 
         target = ax.yaxis if axis == "y" else ax.xaxis
         target.set_major_locator(MaxNLocator(integer=True))
         target.set_major_formatter(FuncFormatter(fmt))
+        getter = ax.get_ylim if axis == "y" else ax.get_xlim
+        setter = ax.set_ylim if axis == "y" else ax.set_xlim
         if used:
-            getter = ax.get_ylim if axis == "y" else ax.get_xlim
-            setter = ax.set_ylim if axis == "y" else ax.set_xlim
             lo, hi = getter()
             setter(lo, max(hi, max_at * 1.02 + 0.5))
+        lo, hi = getter()
+        if hi - lo < 2:  # one seqno (or none): a range of whole numbers around it, not "0 0 0" ticks of a sliver
+            mid = round((lo + hi) / 2)
+            setter(mid - 0.5, mid + 1.5)
+
+
+def say_empty(ax: Axes, text: str, theme: str = "light") -> None:
+    """An axes with nothing to draw: ``text`` in its middle and no ticks (an empty axis would be labelled ``-0``)."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(False)
+    colour = THEMES.get(theme, THEMES["light"])["fg"]
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize="large", color=colour, transform=ax.transAxes, gid="empty")
 
 
 def busiest(by_conn: Mapping[int, Sequence[Any]], n: int) -> list[int]:
@@ -316,9 +403,9 @@ def busiest(by_conn: Mapping[int, Sequence[Any]], n: int) -> list[int]:
     return sorted(sorted(by_conn, key=lambda c: (-len(by_conn[c]), c))[:n])
 
 
-def thin(n: int) -> np.ndarray:
-    """Indices of at most :data:`MAX_POINTS` of ``n`` points, evenly spread, the first and last kept."""
-    if n <= MAX_POINTS:
+def thin(n: int, most: int = MAX_POINTS) -> np.ndarray:
+    """Indices of at most ``most`` (default :data:`MAX_POINTS`) of ``n`` points, evenly spread, the first and last kept."""
+    if n <= most:
         return np.arange(n)
-    idx = np.linspace(0, n - 1, MAX_POINTS).astype(np.int64)
+    idx = np.linspace(0, n - 1, max(2, most)).astype(np.int64)
     return np.unique(idx)

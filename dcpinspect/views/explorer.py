@@ -17,6 +17,7 @@ records appended from a proxy, client or capture callback in at most every
 
 from __future__ import annotations
 
+import gc
 import html
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,19 +29,32 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..flows.reassembly import TS_UNKNOWN
 from ..flows.records import CaptureStats, Record
 from ..tables.columnar import TablePart, read_parts
 from ..tables.frames_vector import SCHEMA
 from ..tables.timeline_feed import feed_parts
 from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
+from ..wire.dissect import dissect_truncated
 from ..wire.dissection import DissectContext
-from ..wire.events import Event
-from ..wire.render import annotate_html
+from ..wire.events import Event, Truncated
+from ..wire.render import annotate_html, safe_text
 from .background import Background, Runner
 from .labels import seqno_label
-from .store import FrameStore
+from .store import FrameStore, plain
 
-__all__ = ["PAGE_COLUMNS", "PNG_DPI", "ExplorerModel", "Filters", "Shown", "key_frames"]
+__all__ = [
+    "MAX_ITEMS",
+    "MAX_POINTS",
+    "PAGE_COLUMNS",
+    "PNG_DPI",
+    "PNG_WIDTH",
+    "ExplorerModel",
+    "Filters",
+    "Shown",
+    "key_frames",
+    "notify_after",
+]
 
 #: columns of the frame list (the visible page)
 PAGE_COLUMNS = (
@@ -59,7 +73,12 @@ PAGE_COLUMNS = (
     "problems",
 )
 _U64 = frozenset(f.name for f in SCHEMA if f.type == pa.uint64())
-PNG_DPI = 80  # the resolution plots are sent to the browser at (clicks are mapped back at the same one)
+PNG_DPI = 100  # the resolution plots are sent to the browser at (clicks are mapped back at the same one)
+PNG_WIDTH = 1100  # the pictures' width in pixels until the view says how wide it is
+MAX_ITEMS = 500  # items kept per stream for the pictures (up to twice that; the stream filter knows every one)
+MAX_POINTS = 4000  # points drawn per picture in all (shared by its streams): a wide picture is 1,100-1,600 pixels
+STREAM_HEIGHT = 4.2  # inches: the stream picture's height at PNG_DPI (text stays 10 pt whatever the width)
+BRANCH_HEIGHT = 3.0  # inches per vbucket of the branch tree
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,7 @@ class Filters:
     direction: str | None = None  # "c2s" | "s2c"
     key: str = ""  # case-insensitive substring of the key
     problems: bool = False  # only frames with problems or in an anomaly
+    text: str = ""  # a display filter (dcpinspect.tables.filter's language)
 
 
 @dataclass
@@ -80,30 +100,59 @@ class Shown:
     """The pictures beside the frame list: the selected stream's seqnos and its vbucket's branch tree.
 
     ``key`` is what they were drawn for (the stream, the timeline, the theme);
-    the pictures are rendered once, at :data:`PNG_DPI`, and a click on one is
-    hit-tested on the very figure it shows.
+    a picture is rendered once per width in pixels, at :data:`PNG_DPI` (so its
+    text is 10 pt whatever the width), and a click on one is hit-tested on the
+    very figure, at the very size, it shows.
     """
 
     key: tuple[Any, ...]
     figures: dict[str, Any]  # "stream" / "branch" -> matplotlib Figure, or None
     jumps: list[tuple[str, int]]  # (label, frame) of the stream's key frames
-    _png: dict[str, bytes] = field(default_factory=dict)
+    _png: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    _width: dict[str, int] = field(default_factory=dict)  # the width each picture was last rendered at
 
-    def png(self, which: str) -> bytes:
-        """The picture of figure ``which`` (empty: there is none)."""
-        if which not in self._png:
+    def _size(self, which: str, width: int | None) -> Any:
+        fig = self.figures.get(which)
+        if fig is not None:
+            px = width or self._width.get(which) or PNG_WIDTH
+            _w, h = fig.get_size_inches()
+            fig.set_size_inches(max(px, 200) / PNG_DPI, h)
+            self._width[which] = px
+        return fig
+
+    def png(self, which: str, width: int | None = None) -> bytes:
+        """The picture of figure ``which``, ``width`` pixels wide (default: as last rendered, else :data:`PNG_WIDTH`; empty: none)."""
+        px = width or self._width.get(which) or PNG_WIDTH
+        if (which, px) not in self._png:
             from .plots import figure_png
 
-            fig = self.figures.get(which)
-            self._png[which] = b"" if fig is None else figure_png(fig, PNG_DPI)
-        return self._png[which]
+            fig = self._size(which, px)
+            self._png[(which, px)] = b"" if fig is None else figure_png(fig, PNG_DPI)
+        self._width[which] = px
+        return self._png[(which, px)]
+
+    def describe(self, which: str) -> str:
+        """Picture ``which`` in words (its titles, and the message of an empty plot): the image's alternative text."""
+        fig = self.figures.get(which)
+        if fig is None:
+            return ""
+        words = [fig._suptitle.get_text()] if getattr(fig, "_suptitle", None) is not None else []
+        for ax in fig.axes:
+            words.append(ax.get_title())
+            words += [t.get_text() for t in ax.texts if t.get_gid() == "empty"]
+        return ". ".join(w for w in words if w)
 
     def frame_at(self, which: str, x: float, y: float) -> int | None:
-        """The frame under a click at pixel (``x``, ``y``) of picture ``which`` (``None``: nothing there)."""
+        """The frame under a click at pixel (``x``, ``y``) of picture ``which`` as last rendered (``None``: nothing there)."""
         from .plots import frame_at_pixel
 
-        fig = self.figures.get(which)
+        fig = self._size(which, None)
         return None if fig is None else frame_at_pixel(fig, x, y, dpi=PNG_DPI)
+
+
+def notify_after(chunks: int) -> bool:
+    """Whether a load tells its listeners after its ``chunks``-th chunk: the 1st, 2nd, 4th, 8th... (O(log n) redraws)."""
+    return chunks > 0 and chunks & (chunks - 1) == 0
 
 
 def key_frames(s: Stream) -> list[tuple[str, int]]:
@@ -154,7 +203,15 @@ class ExplorerModel:
         self.filters = Filters()
         self.page = 0
         self.selected: int | None = None  # frame number
-        self.builder: TimelineBuilder | None = TimelineBuilder() if timeline else None
+        self.builder: TimelineBuilder | None = TimelineBuilder(max_items=MAX_ITEMS, on_items=self._on_items) if timeline else None
+        self._item_frames: dict[int, list[np.ndarray]] = {}  # stream index -> the frames of its items (every one, not thinned)
+        self.plot_stream: int | None = None  # the stream the pictures show (None: every stream)
+        self.filter_error: str | None = None  # why the text filter was not applied
+        self.chunks = 0  # chunks of the capture read so far
+        self.notified = 0  # how many times a load told its listeners ("rows")
+        self._clock_cache: tuple[int, Any] | None = None
+        self._stream_frames: dict[int, tuple[int, np.ndarray]] = {}
+        self._text_mask: tuple[tuple[str, int], np.ndarray] | None = None
         self.stats = CaptureStats()
         self.loading = False
         self.error: str | None = None
@@ -171,13 +228,17 @@ class ExplorerModel:
     # --- construction ---------------------------------------------------------
     @classmethod
     def open(cls, source: Any, *, background: bool = False, timeline: bool = True, page_size: int = 50) -> ExplorerModel:
-        """A model over capture path(s), a frames DataFrame / Arrow table, or records."""
-        m = cls(page_size=page_size, timeline=timeline)
+        """A model over capture path(s), a frames DataFrame / Arrow table, or records.
+
+        A table or DataFrame is held as it was given (not spilled: it is the caller's, in memory or mapped already).
+        """
+        given = isinstance(source, pa.Table) or (hasattr(source, "columns") and hasattr(source, "iloc"))
+        m = cls(FrameStore(spill=not given), page_size=page_size, timeline=timeline)
         if isinstance(source, (str, Path)) or (isinstance(source, (list, tuple)) and source and isinstance(source[0], (str, Path))):
             paths = [str(source)] if isinstance(source, (str, Path)) else [str(p) for p in source]
             m.load(paths, background=background)
         elif isinstance(source, pa.Table):
-            m.store.add_table(source.cast(SCHEMA) if source.schema != SCHEMA and set(source.column_names) == set(SCHEMA.names) else source)
+            m.store.add_table(_as_frames(source))
         elif hasattr(source, "columns") and hasattr(source, "iloc"):  # pandas
             m.store.add_table(_from_pandas(source))
             m.builder = None if not m.store.files else m.builder
@@ -189,27 +250,34 @@ class ExplorerModel:
         return m
 
     def load(self, paths: Sequence[str], *, background: bool = False, rows: int = 16384) -> None:
-        """Read captures into the model (``background``: the first chunk now, the rest in a thread)."""
-        chunks = read_parts(paths, rows=rows, stats=self.stats)
+        """Read captures into the model (``background``: in a thread; the listeners hear of the first chunk as soon as it is read)."""
         self.loading = True
-        first = next(chunks, None)
-        if first is not None:
-            self._take_chunk(first)
         if background:
-            self.runner.start(lambda: self._load_rest(chunks), name="dcpinspect-explorer-load")
+            self.runner.start(lambda: self._load_rest(read_parts(paths, rows=rows, stats=self.stats)), name="dcpinspect-explorer-load")
         else:
-            self._load_rest(chunks)
+            self._load_rest(read_parts(paths, rows=rows, stats=self.stats))
 
     def _load_rest(self, chunks: Iterator[TablePart]) -> None:
+        """The rest of a load; listeners hear of it after the 1st, 2nd, 4th, 8th... chunk and at the end (:func:`notify_after`)."""
         try:
             for chunk in chunks:
                 self._take_chunk(chunk)
-                self._notify("rows")
+                if notify_after(self.chunks):
+                    self._notify_rows()
         except Exception as exc:  # surfaced in the view, never lost in a thread
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
+            self.store.flush()  # the last rows to the spill file too
+            # the load's objects (the timeline's) examined once now, in the loader: not by the collector
+            # in the middle of the user's first clicks (a full collection of them costs a plot's time)
+            gc.collect()
             self.loading = False
-            self._notify("rows")
+            self._notify_rows()
+
+    def _notify_rows(self) -> None:
+        pa.default_memory_pool().release_unused()  # what the chunks' columns were built in, back to the system
+        self.notified += 1
+        self._notify("rows")
 
     def wait(self, timeout: float | None = None) -> ExplorerModel:
         """Wait for a background load to finish."""
@@ -218,10 +286,16 @@ class ExplorerModel:
 
     def _take_chunk(self, chunk: TablePart) -> None:
         self.store.add_part(chunk)
+        self.chunks += 1
         if self.builder is not None:
             with self._tl_lock:
                 feed_parts([chunk], self.builder)
+                self.builder.flush()  # the items past MAX_ITEMS per stream thinned now: memory stays small
                 self._timeline = None
+
+    def _on_items(self, index: int, items: list[Any]) -> None:
+        """The builder's sink: every item's frame, before the builder thins the items it keeps."""
+        self._item_frames.setdefault(index, []).append(np.fromiter((it.frame for it in items), dtype=np.int64, count=len(items)))
 
     # --- live -------------------------------------------------------------------
     @classmethod
@@ -276,13 +350,14 @@ class ExplorerModel:
             if self.builder is not None:
                 with self._tl_lock:
                     self.builder.feed_all(recs)
+                    self.builder.flush()
                     self._timeline = None
         self._notify("rows")
         return len(recs)
 
     # --- listeners ----------------------------------------------------------------
     def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``."""
+        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``, ``plot``."""
         self._listeners.append(callback)
 
     def _notify(self, what: str) -> None:
@@ -298,7 +373,15 @@ class ExplorerModel:
         with self._tl_lock:
             if self._timeline is None:
                 self._timeline = self.builder.timeline(final=not self.loading and not self._pending)
+                self._timeline.set_first = dict(self.stats.set_first)
             return self._timeline
+
+    def items_seen(self) -> dict[int, int]:
+        """Every stream's true number of items, by index (the timeline's own lists are thinned to about :data:`MAX_ITEMS`)."""
+        t = self.timeline
+        if t is None or self.builder is None:
+            return {}
+        return {i: self.builder.items_seen(i) for i in range(len(t.streams))}
 
     def streams(self) -> list[tuple[int, str]]:
         """(index, label) of every stream, for the stream filter."""
@@ -306,17 +389,25 @@ class ExplorerModel:
         return [] if t is None else [(i, stream_label(s)) for i, s in enumerate(t.streams)]
 
     def stream_frames(self, i: int) -> np.ndarray:
-        """Every frame number of stream ``i``: requests, responses, markers, items, end."""
+        """Every frame number of stream ``i``: requests, responses, markers, items (every one, thinned or not), end."""
         t = self.timeline
         if t is None or not 0 <= i < len(t.streams):
             return np.zeros(0, dtype=np.int64)
+        cached = self._stream_frames.get(i)
+        if cached is not None and cached[0] == self.store.rows:
+            return cached[1]
         s = t.streams[i]
         out = [f for a in s.attempts for f in (a.frame, a.response_frame) if f is not None]
         out += [sn.frame for sn in s.snapshots]
-        out += [it.frame for it in s.items]
         if s.end is not None:
             out.append(s.end["frame"])
-        return np.unique(np.asarray(out, dtype=np.int64))
+        seen = self._item_frames.get(i, [])
+        if len(seen) > 1:
+            seen[:] = [np.concatenate(seen)]
+        kept = np.fromiter((it.frame for it in s.items), dtype=np.int64, count=len(s.items))  # items not flushed yet
+        frames = np.unique(np.concatenate([np.asarray(out, dtype=np.int64), kept, *seen]))
+        self._stream_frames[i] = (self.store.rows, frames)
+        return frames
 
     def stream_of(self, frame: int) -> int | None:
         """The index of the stream a frame belongs to (``None``: none)."""
@@ -324,7 +415,7 @@ class ExplorerModel:
         row = self.store.row_of(frame)
         if t is None or row is None:
             return None
-        r = self.store.table.slice(row, 1).select(["conn_id", "vbucket", "stream_id"]).to_pylist()[0]
+        r = self.store.compact.slice(row, 1).select(["conn_id", "vbucket", "stream_id"]).to_pylist()[0]
         for i, s in enumerate(t.streams):
             if s.conn != r["conn_id"]:
                 continue
@@ -343,6 +434,8 @@ class ExplorerModel:
         """Change filters (fields of :class:`Filters`); back to the first page."""
         new = replace(self.filters, **changes)
         if new != self.filters:
+            if new.text != self.filters.text:
+                self.filter_error = _filter_error(new.text)
             self.filters = new
             self.page = 0
             self._notify("filters")
@@ -356,9 +449,13 @@ class ExplorerModel:
         key = (self.filters, self.store.rows, id(self._timeline))
         if self._indices is not None and self._indices[0] == key:
             return self._indices[1]
-        table = self.store.table
+        table = self.store.compact
         f = self.filters
         masks: list[Any] = []
+        if f.text:
+            text_mask = self._text_filter(f.text, table)
+            if text_mask is not None:
+                masks.append(text_mask)
         if f.conn is not None:
             masks.append(pc.equal(table.column("conn_id"), f.conn))
         if f.vbucket is not None:
@@ -384,6 +481,30 @@ class ExplorerModel:
         idx = np.flatnonzero(sel)
         self._indices = ((self.filters, self.store.rows, id(self._timeline)), idx)
         return idx
+
+    def _text_filter(self, text: str, table: pa.Table) -> Any:
+        """The display filter's mask over ``table`` (``None``, and :attr:`filter_error` set: it could not be applied)."""
+        key = (text, table.num_rows)
+        if self._text_mask is not None and self._text_mask[0] == key:
+            return self._text_mask[1]
+        try:
+            from ..tables.filter import FilterError, compile_filter
+        except ImportError:
+            self.filter_error = "display filters are not available in this version"
+            return None
+        try:
+            frame_filter = compile_filter(text)
+            used = table.select([c for c in table.column_names if c in frame_filter.fields])
+            try:
+                mask = frame_filter.mask(used)
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):  # a kernel without dictionary support
+                mask = frame_filter.mask(plain(used))  # only the columns it reads, decoded
+        except FilterError as exc:
+            self.filter_error = str(exc)
+            return None
+        self.filter_error = None
+        self._text_mask = (key, mask)
+        return mask
 
     @property
     def total(self) -> int:
@@ -413,7 +534,7 @@ class ExplorerModel:
     def page_table(self) -> pa.Table:
         """The visible page as a small Arrow table (only these rows are materialised)."""
         idx = self.indices()[self.page * self.page_size : (self.page + 1) * self.page_size]
-        return self.store.table.take(pa.array(idx, type=pa.int64())).select(list(PAGE_COLUMNS))
+        return self.store.take(idx, PAGE_COLUMNS)
 
     def page_rows(self) -> list[dict[str, Any]]:
         """The visible page as dicts (the columns of :data:`PAGE_COLUMNS`)."""
@@ -433,7 +554,19 @@ class ExplorerModel:
             raise KeyError(f"no frame {frame}")
         if frame != self.selected:
             self.selected = frame
+            i = self.stream_of(frame) if frame is not None else None
+            if i is not None:
+                self.plot_stream = i  # the pictures follow the selected frame's stream
             self._notify("selection")
+
+    def show_stream(self, i: int | None) -> None:
+        """Show stream ``i``'s pictures (``None``: every stream), whatever frame is selected."""
+        t = self.timeline
+        if i is not None and (t is None or not 0 <= i < len(t.streams)):
+            raise KeyError(f"no stream {i}")
+        if i != self.plot_stream:
+            self.plot_stream = i
+            self._notify("plot")
 
     def select_pick(self, event: Any) -> int | None:
         """Select the frame of a matplotlib pick event on one of :mod:`dcpinspect.views.plots`' artists."""
@@ -457,37 +590,56 @@ class ExplorerModel:
         if got is None:
             return ""
         ev, ctx = got
-        return f"<div><b>frame {self.selected}</b></div>" + annotate_html(ev, context=ctx)
+        head = f"<div><b>frame {self.selected}</b></div>"
+        if isinstance(ev, Truncated):  # dissected as far as its bytes go, the missing part marked
+            d = dissect_truncated(ev, ctx)
+            if d is not None:
+                line = f"truncated: {ev.length:,} bytes at offset {ev.offset} ({safe_text(ev.reason)})"
+                return head + f"<div>{html.escape(line)}</div>" + annotate_html(d)
+        return head + annotate_html(ev, context=ctx)
+
+    def shown_stream(self) -> int | None:
+        """The stream the pictures show: the one picked (:meth:`show_stream`, or the selected frame's), else the filtered one."""
+        return self.plot_stream if self.plot_stream is not None else self.filters.stream
 
     def stream_figure(self, *, theme: str = "light") -> Any:
-        """The selected frame's stream (or every stream) as :func:`~dcpinspect.views.plots.plot_seqnos`."""
+        """The shown stream (or every stream, the most interesting first) as :func:`~dcpinspect.views.plots.plot_seqnos`."""
         from .plots import plot_seqnos
 
         t = self.timeline
         if t is None:
             return None
-        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
-        return plot_seqnos(t, streams=None if i is None else [i], clock=self._clock(), theme=theme)
+        i = self.shown_stream()
+        return plot_seqnos(
+            t,
+            streams=None if i is None else [i],
+            clock=self._clock(),
+            theme=theme,
+            stream_items=self.items_seen() if i is None else None,
+            size=(PNG_WIDTH / PNG_DPI, STREAM_HEIGHT),
+            layout="fixed",
+            max_points=MAX_POINTS,
+        )
 
     def branch_figure(self, *, theme: str = "light") -> Any:
-        """The branch tree of the selected stream's vbucket (or the filtered vbucket)."""
+        """The branch tree of the shown stream's vbucket (or the filtered vbucket)."""
         from .plots import plot_branches
 
         t = self.timeline
         if t is None:
             return None
-        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
+        i = self.shown_stream()
         vb = t.streams[i].vbucket if i is not None else self.filters.vbucket
         if vb is None and not t.branches:
             return None
-        return plot_branches(t, vb, theme=theme)
+        return plot_branches(t, vb, theme=theme, max_vbuckets=4, size=(PNG_WIDTH / PNG_DPI, BRANCH_HEIGHT), layout="fixed")
 
     def shown(self, *, theme: str = "light") -> Shown | None:
-        """The pictures for the selected stream (or the filtered one), drawn again only when it or the timeline changed."""
+        """The pictures for the shown stream, drawn again only when it or the timeline changed."""
         t = self.timeline
-        if t is None:
-            return None
-        i = self.stream_of(self.selected) if self.selected is not None else self.filters.stream
+        if t is None or (self.loading and not self.store.rows):
+            return None  # nothing read yet: no pictures (not one of "no streams")
+        i = self.shown_stream()
         key = (i, id(t), theme)
         if self._shown is None or self._shown.key != key:
             figures = {"stream": self.stream_figure(theme=theme), "branch": self.branch_figure(theme=theme)}
@@ -501,14 +653,20 @@ class ExplorerModel:
             self.select(frame)
         return frame
 
-    def _clock(self) -> tuple[Any, Any]:
-        table = self.store.table
-        return self.store.frames(), table.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    def _clock(self) -> Any:
+        """The frames' clock for the plots (:class:`~dcpinspect.views.drawing.Clock`), made once per number of rows."""
+        from .drawing import Clock
+
+        cached = self._clock_cache
+        if cached is None or cached[0] != self.store.rows:
+            ts = self.store.compact.column("ts").cast(pa.int64()).fill_null(TS_UNKNOWN).to_numpy(zero_copy_only=False)
+            cached = self._clock_cache = (self.store.rows, Clock((self.store.frames(), ts), "time"))
+        return cached[1]
 
     # --- choices for the filter widgets ---------------------------------------------
     def choices(self, column: str, limit: int = 500) -> list[Any]:
         """Distinct values of a column (sorted; at most ``limit``)."""
-        vals = [v for v in pc.unique(self.store.table.column(column)).to_pylist() if v is not None]
+        vals = [v for v in pc.unique(self.store.compact.column(column)).to_pylist() if v is not None]
         return sorted(vals)[:limit]
 
     # --- static display ---------------------------------------------------------------
@@ -556,6 +714,31 @@ def _cell(col: str, v: Any) -> str:
     if col == "ts":
         return str(v)[11:26] if not isinstance(v, int) else str(v)
     return str(v)
+
+
+def _filter_error(text: str) -> str | None:
+    """Why a display filter does not compile (``None``: it does, or there is none)."""
+    if not text:
+        return None
+    try:
+        from ..tables.filter import FilterError, compile_filter
+    except ImportError:
+        return "display filters are not available in this version"
+    try:
+        compile_filter(text)
+    except FilterError as exc:
+        return str(exc)
+    return None
+
+
+def _as_frames(table: pa.Table) -> pa.Table:
+    """A frames table as the store takes it: as it is when it has the schema's columns (plain or dictionary-encoded), else cast to it."""
+    types = [f.type.value_type if pa.types.is_dictionary(f.type) else f.type for f in table.schema]
+    if table.column_names == SCHEMA.names and types == SCHEMA.types:
+        return table
+    if set(table.column_names) == set(SCHEMA.names):
+        return table.select(SCHEMA.names).cast(SCHEMA)
+    return table
 
 
 def _from_pandas(df: Any) -> pa.Table:

@@ -41,9 +41,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..flows.reassembly import TS_UNKNOWN
+from ..protocol.rules import MAX_SEQNO
 from ..timeline import Attempt, Branch, FlowSample, Stream, Timeline, stream_label
 from .drawing import (
     END,
+    MAX_POINTS,
     OKABE_ITO,
     ROLLBACK,
     STALL,
@@ -57,13 +59,16 @@ from .drawing import (
     frames_of,
     legend,
     new_axes,
+    say_empty,
     tag,
     thin,
     timeline_clock,
+    widen_left,
 )
 from .labels import seqno_label
 
 __all__ = [
+    "MAX_BANDS",
     "MAX_BRANCHES",
     "MAX_CONNS",
     "MAX_ROLLBACK_ARROWS",
@@ -135,11 +140,14 @@ def plot_seqnos(
     conn: int | None = None,
     streams: Iterable[int] | None = None,
     x: str = "time",
-    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | Clock | None = None,
     theme: str = "light",
     bands: bool = True,
     max_streams: int | None = MAX_STREAMS,
     stream_items: Mapping[int, int] | None = None,
+    size: tuple[float, float] | None = None,
+    layout: str = "constrained",
+    max_points: int | None = None,
 ) -> Figure:
     """Seqno over time per stream, with snapshot bands, requests, rollbacks, retries and stream ends.
 
@@ -149,8 +157,19 @@ def plot_seqnos(
     item counts by index where items were thinned) and the title says
     ``showing N of M streams``.  ``x`` is ``"time"`` (seconds since
     the first frame) or ``"frame"``.  ``clock`` maps frame numbers to
-    timestamps (ns), e.g. ``(df.frame, df.ts)`` of the frames table; without it
+    timestamps (ns), e.g. ``(df.frame, df.ts)`` of the frames table, or is a
+    :class:`~dcpinspect.views.drawing.Clock` made once for many plots; without it
     the times the timeline knows are used and the rest interpolated.
+    ``size`` is the new figure's (width, height) in inches, ``layout`` its
+    :func:`~dcpinspect.views.drawing.new_axes` layout, ``max_points`` the
+    points drawn in all, shared by the streams drawn (at least 100 each; a
+    picture N pixels wide shows little more than N per line); without it each
+    stream gets :data:`~dcpinspect.views.drawing.MAX_POINTS`.
+
+    Everything is drawn in bulk: a stream's items are thinned to
+    :data:`~dcpinspect.views.drawing.MAX_POINTS`, its snapshots to at most
+    :data:`MAX_BANDS` bands (neighbours merged), and the clock is asked once per
+    stream and kind of mark.  With nothing to draw the axes say so in words.
 
     Artists (their ``gid``): one line per stream with items (``stream:I``), one
     band collection per stream with snapshots (``snapshots:I``), and one
@@ -158,7 +177,7 @@ def plot_seqnos(
     rollbacks (``rollbacks``: at the rollback seqno, joined to the request by a
     dotted line, ``rollback-link``) and stream ends (``ends``).
     """
-    fig, (a,) = new_axes(ax, theme)
+    fig, (a,) = new_axes(ax, theme, size=size or (9.0, 4.5), layout=layout)
     chosen = _select(t, vbucket, conn, streams)
     total = len(chosen)
     if max_streams is not None and total > max_streams:
@@ -167,18 +186,29 @@ def plot_seqnos(
     clk = Clock(clock if clock is not None else timeline_clock(t), x)
     seq = SeqAxis(
         [v for _i, s in chosen for v in (s.last_seqno, *(at.start for at in s.attempts), *(at.rollback_seqno for at in s.attempts))]
-        + [v for _i, s in chosen for sn in s.snapshots for v in (sn.start, sn.end)]
+        + [v for _i, s in chosen for sn in s.snapshots[:1] + s.snapshots[-1:] for v in (sn.start, sn.end)]
+        + [max((sn.end for sn in s.snapshots if sn.end != MAX_SEQNO), default=None) for _i, s in chosen]
     )
     marks = _Marks()
+    points = 0
+    per_stream = MAX_POINTS if max_points is None else max(100, max_points // max(1, len(chosen)))
     for k, (i, s) in enumerate(chosen):
         colour = OKABE_ITO[k % len(OKABE_ITO)]
-        _stream_line(a, i, s, clk, seq, colour)
+        points += _stream_line(a, i, s, clk, seq, colour, per_stream, len(chosen) <= 4)
         if bands and s.snapshots:
             _snapshot_bands(a, i, s, clk, seq, colour)
-        marks.add(a, s, clk, seq)
-    marks.draw(a, THEMES.get(theme, THEMES["light"])["fg"])
+        marks.add(s, seq)
+    marks.draw(a, clk, THEMES.get(theme, THEMES["light"])["fg"])
+    if not chosen:
+        say_empty(a, "no streams", theme)
+        a.set_title("seqnos per stream")
+        return fig
     a.autoscale_view()
     seq.install(a)
+    if not points:  # requests, markers or an end, but not one item: said in words
+        what = "no items in this stream" if len(chosen) == 1 else "no items in these streams"
+        colour = THEMES.get(theme, THEMES["light"])["fg"]
+        a.text(0.5, 0.75, what, ha="center", va="center", fontsize="large", color=colour, transform=a.transAxes, gid="empty")
     a.set_xlabel(clk.label)
     a.set_ylabel("seqno")
     a.set_title(
@@ -193,78 +223,92 @@ def plot_seqnos(
     return fig
 
 
-def _stream_line(a: Axes, i: int, s: Stream, clk: Clock, seq: SeqAxis, colour: str) -> None:
-    """Stream ``i``'s items (thinned to :data:`MAX_POINTS`) as one line, ``stream:I``."""
-    items = [it for it in s.items if it.seqno is not None]
-    if not items:
-        return
-    idx = thin(len(items))
-    frames = np.fromiter((items[j].frame for j in idx), dtype=np.int64, count=len(idx))
-    ys = [seq(items[j].seqno) for j in idx]
-    (line,) = a.plot(clk(frames), ys, marker="." if len(idx) < 400 else None, color=colour, label=stream_label(s), linewidth=1.4)
+MAX_BANDS = 400  # snapshot bands drawn per stream (more are merged with their neighbours)
+
+
+def _stream_line(a: Axes, i: int, s: Stream, clk: Clock, seq: SeqAxis, colour: str, max_points: int = MAX_POINTS, few: bool = True) -> int:
+    """Stream ``i``'s items (thinned to ``max_points``) as one line, ``stream:I``; how many points."""
+    idx = thin(len(s.items), max_points)
+    items = s.items
+    picked = [items[j] for j in idx.tolist()]
+    frames = np.fromiter((it.frame for it in picked), dtype=np.int64, count=len(picked))
+    ys = np.fromiter((seq(it.seqno) for it in picked), dtype=np.float64, count=len(picked))
+    known = ~np.isnan(ys)
+    if not known.any():
+        return 0
+    frames, ys = frames[known], ys[known]
+    dots = len(ys) < 400 and few  # a dot per item when few are drawn
+    (line,) = a.plot(clk(frames), ys, marker="." if dots else None, color=colour, label=stream_label(s), linewidth=1.4)
     tag(line, frames, f"stream:{i}")
+    return len(ys)
 
 
 def _snapshot_bands(a: Axes, i: int, s: Stream, clk: Clock, seq: SeqAxis, colour: str) -> None:
-    """Stream ``i``'s snapshots as bands (seqno range by the frames until the next marker), one collection ``snapshots:I``."""
-    polys = []
-    snap_frames = []
-    item_frames = np.fromiter((it.frame for it in s.items), dtype=np.int64, count=len(s.items))
-    starts = [sn.frame for sn in s.snapshots]
-    ends_at = [*starts[1:], int(item_frames[-1]) if len(item_frames) else starts[-1]]
-    if s.end is not None:
-        ends_at[-1] = s.end["frame"]
-    for sn, f_end in zip(s.snapshots, ends_at, strict=True):
-        x0, x1 = clk([sn.frame, max(f_end, sn.last_frame or sn.frame)])
-        y0, y1 = seq(sn.start), seq(sn.end)
-        polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-        snap_frames.append(sn.frame)
-    band = PolyCollection(polys, facecolors=colour, alpha=0.15, edgecolors=colour, linewidths=0.5)
+    """Stream ``i``'s snapshots as bands (seqno range by the frames until the next marker), one collection ``snapshots:I``.
+
+    Of more than :data:`MAX_BANDS` snapshots, runs of neighbours are merged
+    into one band (lowest start to highest end); a band's frame is its first snapshot's.
+    """
+    n = len(s.snapshots)
+    starts = np.fromiter((sn.frame for sn in s.snapshots), dtype=np.int64, count=n)
+    lasts = np.fromiter((sn.last_frame or sn.frame for sn in s.snapshots), dtype=np.int64, count=n)
+    lo = np.fromiter((seq(sn.start) for sn in s.snapshots), dtype=np.float64, count=n)
+    hi = np.fromiter((seq(sn.end) for sn in s.snapshots), dtype=np.float64, count=n)
+    ends_at = np.empty(n, dtype=np.int64)
+    ends_at[:-1] = starts[1:]
+    ends_at[-1] = s.end["frame"] if s.end is not None else (s.items[-1].frame if s.items else starts[-1])
+    ends_at = np.maximum(ends_at, lasts)
+    if n > MAX_BANDS:  # merge runs of neighbours: group g holds snapshots [cut[g], cut[g+1])
+        cut = np.linspace(0, n, MAX_BANDS + 1).astype(np.int64)[:-1]
+        starts, ends_at = starts[cut], np.maximum.reduceat(ends_at, cut)
+        lo, hi = np.minimum.reduceat(lo, cut), np.maximum.reduceat(hi, cut)
+    x0, x1 = clk(starts), clk(ends_at)
+    polys = np.stack([np.stack([x0, lo], 1), np.stack([x1, lo], 1), np.stack([x1, hi], 1), np.stack([x0, hi], 1)], 1)
+    band = PolyCollection(list(polys), facecolors=colour, alpha=0.15, edgecolors=colour, linewidths=0.5)
     a.add_collection(band)
-    tag(band, snap_frames, f"snapshots:{i}")
+    tag(band, starts, f"snapshots:{i}")
 
 
 @dataclass
 class _Marks:
-    """The requests, rollbacks and ends of every stream drawn, gathered to be drawn as one scatter each."""
+    """The requests, rollbacks and ends of every stream drawn, gathered to be drawn as one scatter each (the clock asked once per kind)."""
 
-    req: list[tuple[float, float, int, bool]] = field(default_factory=list)  # x, y, frame, retry
-    rollback: list[tuple[float, float, int]] = field(default_factory=list)
-    end: list[tuple[float, float, int, str]] = field(default_factory=list)  # x, y, frame, end name
+    req: list[tuple[int, float, bool]] = field(default_factory=list)  # frame, y, retry
+    rollback: list[tuple[int, float, int, float]] = field(default_factory=list)  # answer frame, y, request frame, request y
+    end: list[tuple[int, float, str]] = field(default_factory=list)  # frame, y, end name
 
-    def add(self, a: Axes, s: Stream, clk: Clock, seq: SeqAxis) -> None:
-        """One stream's marks (and the dotted links from each rollback's request to its target, drawn now)."""
+    def add(self, s: Stream, seq: SeqAxis) -> None:
+        """One stream's marks."""
         for n, at in enumerate(s.attempts):
-            (px,) = clk([at.frame])
-            self.req.append((float(px), seq(at.start), at.frame, n > 0))
+            self.req.append((at.frame, seq(at.start), n > 0))
             if at.outcome == "rollback" and at.rollback_seqno is not None:
-                answer = at.response_frame or at.frame
-                (rx,) = clk([answer])
-                self.rollback.append((float(rx), seq(at.rollback_seqno), answer))
-                (link,) = a.plot([px, rx], [seq(at.start), seq(at.rollback_seqno)], linestyle=":", color=ROLLBACK, linewidth=1)
-                link.set_gid("rollback-link")
+                self.rollback.append((at.response_frame or at.frame, seq(at.rollback_seqno), at.frame, seq(at.start)))
         if s.end is not None:
-            (ex,) = clk([s.end["frame"]])
             last = s.last_seqno if s.last_seqno is not None else (s.attempts[-1].start if s.attempts else 0)
-            self.end.append((float(ex), seq(last), s.end["frame"], str(s.end.get("name"))))
+            self.end.append((s.end["frame"], seq(last), str(s.end.get("name"))))
 
-    def draw(self, a: Axes, fg: str) -> None:
-        """The three scatters: ``requests`` (retries hollow), ``rollbacks``, ``ends`` (named)."""
+    def draw(self, a: Axes, clk: Clock, fg: str) -> None:
+        """The three scatters: ``requests`` (retries hollow), ``rollbacks`` (dotted links from their requests), ``ends`` (named)."""
         if self.req:
-            xs, ys, frames, retry = zip(*self.req, strict=True)
+            frames, ys, retry = zip(*self.req, strict=True)
             face = ["none" if r else "#0072B2" for r in retry]
             label = "stream request (hollow: retry)"
-            sc = a.scatter(xs, ys, marker="o", s=46, facecolors=face, edgecolors="#0072B2", zorder=4, label=label)
+            sc = a.scatter(clk(frames), ys, marker="o", s=46, facecolors=face, edgecolors="#0072B2", zorder=4, label=label)
             tag(sc, frames, "requests")
         if self.rollback:
-            xs, ys, frames = zip(*self.rollback, strict=True)
+            frames, ys, req_frames, req_ys = zip(*self.rollback, strict=True)
+            xs, pxs = clk(frames), clk(req_frames)
+            for px, py, rx, ry in list(zip(pxs, req_ys, xs, ys, strict=True))[-MAX_ROLLBACK_ARROWS:]:
+                (link,) = a.plot([px, rx], [py, ry], linestyle=":", color=ROLLBACK, linewidth=1)
+                link.set_gid("rollback-link")
             sc = a.scatter(xs, ys, marker="v", s=70, color=ROLLBACK, zorder=5, label="rollback to")
             tag(sc, frames, "rollbacks")
         if self.end:
-            xs, ys, frames, names = zip(*self.end, strict=True)
+            frames, ys, names = zip(*self.end, strict=True)
+            xs = clk(frames)
             sc = a.scatter(xs, ys, marker="s", s=46, color=END, edgecolors="#444444", zorder=5, label="stream end")
             tag(sc, frames, "ends")
-            for ex, ey, name in zip(xs, ys, names, strict=True):
+            for ex, ey, name in list(zip(xs, ys, names, strict=True))[:MAX_STREAMS]:
                 a.annotate(name, (ex, ey), textcoords="offset points", xytext=(4, 4), fontsize="x-small", color=fg)
 
 
@@ -279,6 +323,8 @@ def plot_branches(
     ax: Axes | None = None,
     theme: str = "light",
     max_vbuckets: int = 8,
+    size: tuple[float, float] | None = None,
+    layout: str = "constrained",
 ) -> Figure:
     """The failover-log branch tree of a vbucket, with the consumer's resume points and rollback targets.
 
@@ -294,22 +340,28 @@ def plot_branches(
 
     Without ``vbucket`` every vbucket with a branch or a stream is drawn (up to
     ``max_vbuckets``, one axes each; an ``ax`` takes only one; the figure's
-    title says how many were left out).  Of a vbucket with more than
+    title says how many were left out; ``size``: each axes' width and height in
+    inches).  A vbucket with no log and no request says so in words.  Of a vbucket with more than
     :data:`MAX_BRANCHES` branches the last seen are drawn, and of its rollbacks
     the last :data:`MAX_ROLLBACK_ARROWS` get an arrow.  Artists:
     ``branch:UUID`` lines, ``resume:VB`` and ``rollback-target:VB`` scatters.
     """
     every = sorted(set(t.branches) | {s.vbucket for s in t.streams}) if vbucket is None else [vbucket]
     vbs = every[: 1 if ax is not None else max_vbuckets] or [0 if vbucket is None else vbucket]
-    fig, axes = new_axes(ax, theme, rows=len(vbs), size=(9.0, 3.2))
+    fig, axes = new_axes(ax, theme, rows=len(vbs), size=size or (9.0, 3.2), layout=layout)
     fg = THEMES.get(theme, THEMES["light"])["fg"]
     per_vb: dict[int, list[Stream]] = {vb: [] for vb in vbs}
     for s in t.streams:  # one pass over the streams, not one per vbucket
         if s.vbucket in per_vb:
             per_vb[s.vbucket].append(s)
     for a, vb in zip(axes, vbs, strict=True):
+        if not t.branches.get(vb) and not any(s.attempts for s in per_vb[vb]):
+            say_empty(a, f"no failover log and no stream request seen on vbucket {vb}", theme)
+            a.set_title(f"vbucket {vb}: failover branches")
+            continue
         _branch_tree(a, t, vb, fg, per_vb[vb])
         legend(a, theme)
+        widen_left(fig, [tl.get_text() for tl in a.get_yticklabels()])
     if len(every) > len(vbs) and ax is None:
         fig.suptitle(f"showing {len(vbs)} of {len(every):,} vbuckets", color=fg, fontsize="small")
     return fig
@@ -330,7 +382,7 @@ def _branch_tree(a: Axes, t: Timeline, vb: int, fg: str, streams: list[Stream]) 
     unknown = branches[-1].order + 1 if branches else 0  # the lane of uuids in no log seen, above the rest
     _resume_points(a, vb, lanes, branches, live, attempts, seq, fg, unknown)
     ticks = [b.order for b in branches]
-    labels = [f"0x{b.uuid:x} @ {seqno_label(b.seqno)}" for b in branches]
+    labels = [f"0x{b.uuid:016x} @ {seqno_label(b.seqno)}" for b in branches]  # uuids zero-padded, as everywhere
     if any(at.uuid not in lanes and not (at.uuid == 0 and branches) for at in attempts):
         ticks.append(unknown)
         labels.append("uuid in no log seen")
@@ -481,6 +533,8 @@ def plot_flow(
             took = "?" if st["duration_ns"] is None else f"{st['duration_ns'] / 1e9:.2f}"
             span = a.axvspan(x0, x1, color=STALL, alpha=0.2, label=f"stall {took} s")
             tag(span, [st["frame"], st["ack_frame"]], f"stall:{c}")
+    if not t.flow and not by_conn:
+        say_empty(a, "no buffer size negotiated: no flow control to plot", theme)
     a.set_xlabel(clk.label)
     a.set_ylabel("bytes outstanding")
     a.set_title(
@@ -527,6 +581,8 @@ def plot_noops(
         if info is not None and info.noop_interval:
             late = a.axhline(2 * info.noop_interval * 1e3, color=colour, linestyle=":", label=f"conn {c}: 2 x noop interval")
             late.set_gid(f"late:{c}")
+    if not rows:
+        say_empty(a, "no noop answered", theme)
     a.set_xlabel(clk.label)
     a.set_ylabel("round trip (ms)")
     a.set_title(
@@ -559,6 +615,7 @@ def plot_opcodes(
     fig, (a,) = new_axes(ax, theme)
     ts, names = _ts_names(frames)
     if not len(ts):
+        say_empty(a, "no frames", theme)
         a.set_title("frames per opcode (no frames)")
         return fig
     t0 = int(ts.min())

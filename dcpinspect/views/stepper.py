@@ -119,7 +119,7 @@ def _snap_kind(flags: int) -> str:
 
 
 def _failover_log(entries: Iterable[tuple[int, int]]) -> str:
-    return ", ".join(f"0x{u:x}@{q}" for u, q in entries)
+    return ", ".join(f"0x{u:016x}@{q}" for u, q in entries)
 
 
 # --- the parts of a stream: (label, stream, signature before, signature after) -> changes
@@ -130,7 +130,7 @@ def _attempt_changes(label: str, s: Stream, old: _StreamSig, new: _StreamSig) ->
     if new.attempts > old.attempts:
         a = s.attempts[-1]
         retry = " (retry)" if len(s.attempts) > 1 else ""
-        text = f"{label}: stream requested{retry} from seqno {seqno_label(a.start)} to {seqno_label(a.end)}, uuid 0x{a.uuid:x}"
+        text = f"{label}: stream requested{retry} from seqno {seqno_label(a.start)} to {seqno_label(a.end)}, uuid 0x{a.uuid:016x}"
         out.append(Change("request", text))
     if new.outcome != old.outcome and s.attempts:
         a = s.attempts[-1]
@@ -194,9 +194,9 @@ def _branch_changes(before: _Signature, after: _Signature, t: Timeline, _so_far:
         for uuid, cut in bs:
             if uuid not in old:
                 b = next(x for x in t.branches[vb] if x.uuid == uuid)
-                out.append(Change("branch", f"vbucket {vb}: new branch 0x{uuid:x} from seqno {seqno_label(b.seqno)}"))
+                out.append(Change("branch", f"vbucket {vb}: new branch 0x{uuid:016x} from seqno {seqno_label(b.seqno)}"))
             elif cut is not None and old[uuid] is None:
-                out.append(Change("branch", f"vbucket {vb}: branch 0x{uuid:x} cut from the history"))
+                out.append(Change("branch", f"vbucket {vb}: branch 0x{uuid:016x} cut from the history"))
     return out
 
 

@@ -1,12 +1,16 @@
 """Notebook widgets (ipywidgets 8): thin views over the models of :mod:`dcpinspect.views.explorer` and :mod:`dcpinspect.views.stepper`.
 
-* :func:`explore` - the explorer: filters, a paged frame list, the selected
-  frame's annotation (grid and breakdown, the field under the pointer
-  highlighted in both), the selected stream's timeline and its vbucket's
-  branch tree - a click on a point of either selects its frame - and a
-  "jump to" list of the stream's key frames (requests, rollbacks, snapshots,
-  end, anomalies) that selects them; live sources update it as the session
-  runs.
+* :func:`explore` - the explorer: filters and a display-filter box (its
+  error in one line beside it), a paged frame list, the selected frame's
+  annotation (grid and breakdown, the field under the pointer highlighted in
+  both), then, full width, a plot selector (every stream, or one; it follows
+  the selected frame), the stream's timeline and its vbucket's branch tree -
+  drawn as wide as the page shows them (:class:`FigureImage` reports its
+  width), a click on a point of either selects its frame - and a "jump to"
+  list of the stream's key frames (requests, rollbacks, snapshots, end,
+  anomalies) that selects them; live sources update it as the session runs,
+  and a background load updates the list a few times (the 1st, 2nd, 4th...
+  chunk) and draws the pictures once, at its end.
 * :func:`stepper` - the teaching mode: play/next/previous/speed over a session,
   each frame's annotation and what it changed in the stream's state.
 
@@ -36,6 +40,7 @@ __all__ = ["ExplorerView", "FigureImage", "StepperView", "explore", "stepper"]
 
 BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
 _ANY = ("any", None)
+_EVERY = ("every stream (the most interesting first)", None)
 
 
 def _show_any(d: w.Dropdown) -> None:
@@ -64,9 +69,17 @@ class FigureImage(anywidget.AnyWidget):
     _esm = """
     function render({ model, el }) {
       const img = document.createElement("img");
-      img.style.maxWidth = "100%";
+      img.style.width = "100%";
+      img.style.height = "auto";
       img.style.cursor = "crosshair";
       img.className = "dcpinspect-figure";
+      el.style.width = "100%";
+      const measure = () => {  // the picture is drawn as wide as its place, so its text is read at its own size
+        const px = Math.round(el.clientWidth || 0);
+        if (px > 0 && Math.abs(px - (model.get("width") || 0)) > 8) { model.set("width", px); model.save_changes(); }
+      };
+      if (typeof ResizeObserver !== "undefined") new ResizeObserver(measure).observe(el);
+      setTimeout(measure, 0);
       let url = null, clicks = 0;
       const show = () => {
         const v = model.get("value");
@@ -81,18 +94,24 @@ class FigureImage(anywidget.AnyWidget):
         model.set("click", [(e.clientX - r.left) * img.naturalWidth / r.width, (e.clientY - r.top) * img.naturalHeight / r.height, clicks]);
         model.save_changes();
       });
+      const alt = () => { img.alt = model.get("alt") || ""; img.title = img.alt; };
       model.on("change:value", show);
+      model.on("change:alt", alt);
       show();
+      alt();
       el.appendChild(img);
     }
     export default { render };
     """
     value = traitlets.Bytes(b"").tag(sync=True)
     click: traitlets.List[float] = traitlets.List([]).tag(sync=True)
+    width = traitlets.Int(0).tag(sync=True)  # the picture's place in the page, in CSS pixels (0: not known yet)
+    alt = traitlets.Unicode("").tag(sync=True)  # the picture in words (its title; an empty plot's message)
 
 
-def _set_png(img: FigureImage, png: bytes) -> None:
+def _set_png(img: FigureImage, png: bytes, alt: str = "") -> None:
     """Show a PNG, or hide the image when there is none (an empty image is a broken-image icon in a browser)."""
+    img.alt = alt
     img.value = png
     img.layout.display = None if png else "none"
 
@@ -125,36 +144,54 @@ class ExplorerView(_Static, w.VBox):
         self.direction = w.Dropdown(description="dir", options=[_ANY, ("c2s", "c2s"), ("s2c", "s2c")], layout=small)
         self.key = w.Text(description="key", placeholder="text in the key", continuous_update=False, layout=w.Layout(width="220px"))
         self.problems = w.Checkbox(description="only problems/anomalies", indent=False)
+        self.text = w.Text(
+            description="filter",
+            placeholder="display filter, e.g. vbucket == 3 and name contains 'MUTATION'",
+            continuous_update=False,
+            layout=w.Layout(width="60%"),
+        )
+        self.text.style.description_width = "55px"
+        self.filter_msg = w.HTML()
         for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction):
             d.style.description_width = "55px"
         self.status = w.HTML()
         self.prev_btn = w.Button(description="◀ page", layout=w.Layout(width="90px"))
         self.next_btn = w.Button(description="page ▶", layout=w.Layout(width="90px"))
-        self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="100%"))
+        self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="98%"))
         self.annotation = w.HTML()
-        self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="480px"))
-        self.stream_img = FigureImage(layout=w.Layout(display="none"))  # shown by _set_png once drawn
-        self.branch_img = FigureImage(layout=w.Layout(display="none"))
-        plots_box = w.VBox([self.jump, self.stream_img, self.branch_img]) if self.plots else w.VBox([])
+        self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="45%"))
+        self.show = w.Dropdown(description="plot", options=[_EVERY], layout=w.Layout(width="45%"))
+        self.show.style.description_width = "55px"
+        self.stream_img = FigureImage(layout=w.Layout(display="none", width="100%"))  # shown by _set_png once drawn
+        self.branch_img = FigureImage(layout=w.Layout(display="none", width="100%"))
+        full = w.Layout(width="100%")
+        plots_box = w.VBox([w.HBox([self.show, self.jump], layout=full), self.stream_img, self.branch_img], layout=full)
+        self.annotation.layout = full
         super().__init__(
             [
                 w.HBox([self.conn, self.vbucket, self.stream, self.opcode, self.direction]),
                 w.HBox([self.key, self.problems]),
+                w.HBox([self.text, self.filter_msg]),
                 w.HBox([self.prev_btn, self.next_btn, self.status]),
                 w.HTML(_LIST_CSS, layout=w.Layout(display="none")),
                 self.frames,
-                w.HBox([self.annotation, plots_box]),
-            ]
+                self.annotation,
+                *([plots_box] if self.plots else []),
+            ],
+            layout=full,
         )
         self.add_class("dcpinspect-explorer")
-        for name in ("conn", "vbucket", "stream", "opcode", "direction", "key", "problems"):
+        for name in ("conn", "vbucket", "stream", "opcode", "direction", "key", "problems", "text"):
             getattr(self, name).observe(lambda change, name=name: self._on_filter(name, change["new"]), names="value")
         self.prev_btn.on_click(lambda _b: model.previous_page())
         self.next_btn.on_click(lambda _b: model.next_page())
         self.frames.observe(self._on_select, names="value")
         self.jump.observe(self._on_jump, names="value")
+        self.show.observe(self._on_show, names="value")
         self.stream_img.observe(lambda c: self._on_click("stream", c["new"]), names="click")
         self.branch_img.observe(lambda c: self._on_click("branch", c["new"]), names="click")
+        self.stream_img.observe(lambda _c: self._draw(), names="width")
+        self.branch_img.observe(lambda _c: self._draw(), names="width")
         model.on_change(self.refresh)
         self.refresh("rows")
 
@@ -163,7 +200,7 @@ class ExplorerView(_Static, w.VBox):
         """The user changed one filter: that one, and only that one, changes in the model."""
         if self._syncing:
             return
-        if name == "key":
+        if name in ("key", "text"):
             value = value or ""
         elif name == "problems":
             value = bool(value)
@@ -181,6 +218,11 @@ class ExplorerView(_Static, w.VBox):
     def _on_jump(self, change: Any) -> None:
         if not self._syncing and change["new"] is not None:
             self.model.select(int(change["new"]))
+
+    def _on_show(self, change: Any) -> None:
+        """The user picked a stream to plot (or every stream)."""
+        if not self._syncing:
+            self.model.show_stream(None if change["new"] is None else int(change["new"]))
 
     # --- model -> widget -------------------------------------------------------
     def refresh(self, what: str = "rows") -> None:
@@ -201,21 +243,30 @@ class ExplorerView(_Static, w.VBox):
                 if any(v == m.selected for _l, v in self.frames.options):
                     self.frames.value = m.selected
             self.status.value = html.escape(m.summary()) + (f" <b>{html.escape(m.error)}</b>" if m.error else "")
+            self.filter_msg.value = (
+                f'<span class="dcpinspect-filter-error" style="color:#D55E00">{html.escape(m.filter_error)}</span>'
+                if m.filter_error and m.filters.text
+                else ""
+            )
+            if what in ("rows", "selection", "plot"):
+                self._mirror_show()
             self.prev_btn.disabled = m.page == 0
             self.next_btn.disabled = m.page >= m.pages - 1
-            for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction):
+            for d in (self.conn, self.vbucket, self.stream, self.opcode, self.direction, self.show):
                 _show_any(d)
         finally:
             self._syncing = False
-        if self.plots and what in ("selection", "rows", "filters"):
-            self._draw()
+        if self.plots and what in ("selection", "rows", "filters", "plot") and not (what == "rows" and m.loading):
+            self._draw()  # a load's pictures are drawn once, at its end
 
     def _options(self) -> None:
         m = self.model
         self.conn.options = [_ANY] + [(f"conn {c}", c) for c in m.choices("conn_id")]
         self.vbucket.options = [_ANY] + [(str(v), v) for v in m.choices("vbucket", 1024)]
         self.opcode.options = [_ANY] + [(n, n) for n in m.choices("name")]
-        self.stream.options = [_ANY] + [(label, i) for i, label in m.streams()]
+        streams = [] if m.loading else [(label, i) for i, label in m.streams()]  # the streams once the load is done
+        self.stream.options = [_ANY, *streams]
+        self.show.options = [_EVERY, *streams]
 
     def _mirror_filters(self) -> None:
         f = self.model.filters
@@ -224,14 +275,21 @@ class ExplorerView(_Static, w.VBox):
             widget.value = value if any(v == value for _l, v in widget.options) else None
         self.key.value = f.key
         self.problems.value = f.problems
+        self.text.value = f.text
+
+    def _mirror_show(self) -> None:
+        i = self.model.shown_stream()
+        self.show.value = i if any(v == i for _l, v in self.show.options) else None
 
     def _draw(self) -> None:
         """Show the model's pictures and jump list (the model draws them again only when the stream or the timeline changed)."""
+        if not self.plots:
+            return
         shown = self.model.shown(theme=self.theme)
         if shown is None:
             return
-        _set_png(self.stream_img, shown.png("stream"))
-        _set_png(self.branch_img, shown.png("branch"))
+        _set_png(self.stream_img, shown.png("stream", self.stream_img.width or None), shown.describe("stream"))
+        _set_png(self.branch_img, shown.png("branch", self.branch_img.width or None), shown.describe("branch"))
         jumps = (_ANY, *shown.jumps)
         self._syncing = True
         try:

@@ -70,6 +70,27 @@ def write_evil_capture(path: Path) -> Path:
     return path
 
 
+def write_empty_stream_capture(path: Path) -> Path:
+    """Two streams: vbucket 0 with 40 mutations, vbucket 1 accepted and never sent an item."""
+    with PcapWriter(path) as w:
+        conv = TcpConversation(w, ("10.0.0.1", 40000), ("10.0.0.2", 11210))
+        conv.open(1_000_000)
+        ts = 2_000_000
+        for vb in (0, 1):
+            ts = conv.send(
+                "c2s", encode("DCP_STREAM_REQ", opaque=vb + 1, vbucket=vb, extras={"start_seqno": 0, "end_seqno": 2**64 - 1}), ts
+            )
+            ts = conv.send("s2c", encode("DCP_STREAM_REQ", opaque=vb + 1, status=0), ts)
+        ts = conv.send(
+            "s2c", encode("DCP_SNAPSHOT_MARKER", opaque=1, vbucket=0, extras={"start_seqno": 1, "end_seqno": 40, "flags": 1}), ts
+        )
+        for i in range(40):
+            ext = {"by_seqno": i + 1, "rev_seqno": 1}
+            ts = conv.send("s2c", encode("DCP_MUTATION", opaque=1, vbucket=0, extras=ext, key=f"k{i}", value=b"{}"), ts, step_ns=50_000_000)
+        conv.close(ts)
+    return path
+
+
 def write_notebook(path: Path, capture: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [
@@ -132,6 +153,7 @@ def wait_listening(proc: subprocess.Popen[bytes], log: ServerLog, timeout: float
 class Site:
     url: str  # notebooks are at url + name
     evil: Path  # the capture with HTML in a key
+    empty: Path  # the capture with a stream that never sent an item
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +166,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     write_notebook(nbs / "explore.ipynb", BRANCHES)
     evil = write_evil_capture(root / "evil.pcap")
     write_notebook(nbs / "evil.ipynb", evil)
+    empty = write_empty_stream_capture(root / "empty.pcap")
+    write_notebook(nbs / "empty.ipynb", empty)
     port = free_port()
     env = {
         **os.environ,
@@ -176,7 +200,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = wait_listening(proc, ServerLog(proc, root / "voila.log"))  # the port it took (another, when that one was taken)
-        yield Site(f"{url}voila/render/", evil)
+        yield Site(f"{url}voila/render/", evil, empty)
     finally:
         # the server and the kernels it started share the new session's process group
         with contextlib.suppress(ProcessLookupError):
@@ -293,15 +317,18 @@ def expected(capture: Path, frame: int) -> tuple[str, Any]:
     return annotate(event, context=context), dissect(event, context)
 
 
-def point_on_stream_plot(selected: int) -> tuple[int, tuple[float, float]]:
-    """A frame drawn on the selected stream's plot (not ``selected``) and where it is in the PNG the view sends."""
+def point_on_stream_plot(selected: int, width: int) -> tuple[int, tuple[float, float]]:
+    """A frame drawn on the selected stream's plot (not ``selected``) and where it is in the PNG the view sends, ``width`` pixels wide."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from dcpinspect.views import plots
+    from dcpinspect.views.drawing import fit_margins
 
     model = ExplorerModel.open(str(BRANCHES))
     model.select(selected)
     fig = model.stream_figure()
+    fig.set_size_inches(width / PNG_DPI, fig.get_size_inches()[1])
+    fit_margins(fig)
     fig.set_dpi(PNG_DPI)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
@@ -359,7 +386,7 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     rows = pre.locator("span[id]").all_text_contents()
     assert len(rows) == len(d.fields)
     for f, row in zip(d.fields, rows, strict=True):
-        assert f.label.strip() in row and row.endswith(value_text(f))
+        assert f.label.strip() in row and value_text(f) in row
 
     # the frame list's columns line up too
     assert "mono" in page.locator(FRAMES).evaluate("e => getComputedStyle(e).fontFamily").lower()
@@ -381,10 +408,12 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     assert len(widths) == 2 and all(widths), widths
 
     # a click on a point of the stream's timeline selects that point's frame
-    target, (px, py) = point_on_stream_plot(frame)
+    wait_drawn_to_fit(page)
     img = page.locator(f"{EXPLORER} img.dcpinspect-figure").first
+    img.scroll_into_view_if_needed()  # below the annotation, full width: a click must land in the viewport
     box = img.bounding_box()
     natural = img.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+    target, (px, py) = point_on_stream_plot(frame, natural[0])
     page.mouse.click(box["x"] + px * box["width"] / natural[0], box["y"] + py * box["height"] / natural[1])
     page.locator(f"{EXPLORER} .widget-html-content b", has_text=re.compile(f"^frame {target}$")).wait_for()
     assert pre.evaluate("e => e.textContent") == expected(BRANCHES, target)[0]
@@ -434,4 +463,45 @@ def test_wire_html_is_shown_as_text(tab: Tab, site: Site, tmp_path: Path) -> Non
     page.screenshot(path=str(tmp_path / "explorer-evil.png"), full_page=True)
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")  # let any handler have run
     assert tab.dialogs == []
+    assert not tab.errors, tab.errors
+
+
+def wait_drawn_to_fit(page: Any) -> None:
+    """Wait until every visible picture was drawn for the width it has on the page (the view re-draws at the width it reports)."""
+    page.wait_for_function(
+        f"() => {{ const imgs = [...document.querySelectorAll('{EXPLORER} img.dcpinspect-figure')].filter(i => i.offsetParent !== null);"
+        " return imgs.length > 0 && imgs.every(i => i.complete && Math.abs(i.naturalWidth - i.getBoundingClientRect().width) <= 10); }"
+    )
+
+
+def test_plots_are_full_width_readable_and_say_when_empty(tab: Tab, site: Site, tmp_path: Path) -> None:
+    """The pictures span the explorer, are drawn at the size they are shown (10 pt text read at 10 pt), and an empty one says so."""
+    page = tab.page
+    model = ExplorerModel.open(str(site.empty))
+    labels = dict((i, label) for i, label in model.streams())
+    empty = next(i for i, s in enumerate(model.timeline.streams) if not s.items)
+    open_explorer(page, site.url + "empty.ipynb")
+    visible_images(page, 1)  # every stream's seqnos, before anything is selected
+    wait_drawn_to_fit(page)
+    explorer = page.locator(EXPLORER).first.bounding_box()
+    for img in page.locator(f"{EXPLORER} img.dcpinspect-figure").all():
+        if not img.is_visible():
+            continue
+        box = img.bounding_box()
+        natural = img.evaluate("i => i.naturalWidth")
+        assert box["width"] >= 0.9 * explorer["width"], (box, explorer)  # full width, not a thumbnail beside the annotation
+        assert 0.9 * box["width"] <= natural <= 1.25 * box["width"], (natural, box)  # not shrunk: its text is read at its size
+    # the plot selector: the stream that never sent an item says so, in the picture and in its words
+    dropdown(page, "plot").select_option(label=labels[empty])
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('{EXPLORER} img.dcpinspect-figure')].some(i => i.alt.includes('no items in this stream'))"
+    )
+    wait_drawn_to_fit(page)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    model.show_stream(empty)
+    fig = model.shown().figures["stream"]
+    FigureCanvasAgg(fig).draw()
+    assert "-0" not in [t.get_text() for t in fig.axes[0].get_yticklabels()]  # no "-0" ticks on an empty plot
+    page.screenshot(path=str(tmp_path / "explorer-empty-stream.png"), full_page=True)
     assert not tab.errors, tab.errors

@@ -162,22 +162,25 @@ def _same_breakdown(m: ExplorerModel, frame: int) -> None:
 
 
 def test_background_load_shows_the_first_chunk_then_the_rest(manual, failover) -> None:
-    """The first chunk is read at once and paged; the rest waits for the runner (here: run by hand, no thread)."""
+    """The whole read waits for the runner (here: run by hand, no thread); the listeners hear of it O(log n) times."""
     m = ExplorerModel(runner=manual, page_size=5)
     heard: list[tuple[str, int, bool]] = []
-    m.on_change(lambda what: heard.append((what, m.store.rows, m.loading)))
+    pages: list[list[int]] = []
+    m.on_change(lambda what: (heard.append((what, m.store.rows, m.loading)), pages.append([r["frame"] for r in m.page_rows()])))
     m.load([BRANCHES], background=True, rows=10)
     chunks = [p.batch.num_rows for p in read_parts([BRANCHES], rows=10)]
     assert len(chunks) > 2 and sum(chunks) == failover.frames
-    assert m.loading and m.store.rows == chunks[0] and len(manual.jobs) == 1
-    assert [r["frame"] for r in m.page_rows()] == [1, 2, 3, 4, 5]
+    assert m.loading and m.store.rows == 0 and len(manual.jobs) == 1  # the view opens at once
     assert "(loading...)" in m.summary() and not m.runner.join() and not heard
     manual.run_jobs()
     assert not m.loading and m.error is None and "(loading...)" not in m.summary()
-    # a chunk at a time, then the end
+    # after the 1st, 2nd, 4th, 8th... chunk, then the end: O(log n) redraws, the first page after the first chunk
     so_far = list(itertools.accumulate(chunks))
-    assert heard == [*(("rows", n, True) for n in so_far[1:]), ("rows", failover.frames, False)]
-    assert m.store.table.equals(frames_table([BRANCHES]))
+    told = [n for k, n in enumerate(so_far, 1) if k & (k - 1) == 0]
+    assert heard == [*(("rows", n, True) for n in told), ("rows", failover.frames, False)]
+    assert len(heard) <= len(chunks).bit_length() + 1 < len(chunks) and m.notified == len(heard)
+    assert pages[0] == [1, 2, 3, 4, 5] and m.chunks == len(chunks)
+    assert m.store.plain_table().equals(frames_table([BRANCHES]))
 
 
 def test_background_load_in_a_thread(failover) -> None:
@@ -188,7 +191,7 @@ def test_background_load_in_a_thread(failover) -> None:
     m.load([BRANCHES], background=True, rows=16)
     assert finished.wait(WAIT)
     assert m.wait(WAIT) is m and m.error is None
-    assert m.store.table.equals(frames_table([BRANCHES]))
+    assert m.store.plain_table().equals(frames_table([BRANCHES]))
     assert m.total == failover.frames and [r["frame"] for r in m.page_rows()] == list(range(1, 51))
     t = build_timeline(read_records([BRANCHES]))
     assert [s.as_dict() for s in m.timeline.streams] == [s.as_dict() for s in t.streams]
@@ -198,7 +201,7 @@ def test_background_load_in_a_thread(failover) -> None:
 
 
 def test_a_load_error_is_kept_not_lost_in_the_thread(manual, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An error after the first chunk (in the thread) ends the load and is shown, not lost."""
+    """An error in the thread ends the load and is shown, not lost; what was read stays."""
     m = ExplorerModel(runner=manual)
     m.load([BRANCHES], background=True, rows=10)
     take = m._take_chunk
@@ -212,8 +215,8 @@ def test_a_load_error_is_kept_not_lost_in_the_thread(manual, monkeypatch: pytest
     m.on_change(heard.append)
     manual.run_jobs()
     assert not m.loading and m.error == "OSError: the disk went away"
-    first, second = (p.batch.num_rows for p in itertools.islice(read_parts([BRANCHES], rows=10), 2))
-    assert m.store.rows == first + second and heard == ["rows"]  # the chunk in hand, then the end of the load
+    first = next(read_parts([BRANCHES], rows=10)).batch.num_rows
+    assert m.store.rows == first and heard == ["rows"]  # the chunk in hand, then the end of the load
 
 
 # --- live -------------------------------------------------------------------------
@@ -305,3 +308,137 @@ def test_live_attach_on_event_loop(live_session) -> None:
     assert m.store.rows == 8
     m.set_filters(opcode="DCP_MUTATION")
     assert m.total == 5
+
+
+# --- work done, not time taken (issue 16: the explorer on 1M frames) ---------------------
+
+
+def _mutations(path, n: int, *, streams: int = 1, snapshot_every: int = 0, cut_last: int = 0) -> str:
+    """A capture of ``n`` mutations per stream over ``streams`` vbuckets of one connection (markers every ``snapshot_every``)."""
+    from dcpinspect import encode
+    from dcpinspect.capture.pcapwrite import PcapWriter, TcpConversation
+
+    with PcapWriter(path) as w:
+        conv = TcpConversation(w, ("10.0.0.1", 40000), ("10.0.0.2", 11210))
+        conv.open(1_000_000)
+        ts = 2_000_000
+        for vb in range(streams):
+            req = encode("DCP_STREAM_REQ", opaque=vb + 1, vbucket=vb, extras={"start_seqno": 0, "end_seqno": 2**64 - 1})
+            ts = conv.send("c2s", req, ts)
+            ts = conv.send("s2c", encode("DCP_STREAM_REQ", opaque=vb + 1, status=0), ts)
+        data = []
+        for i in range(n):
+            for vb in range(streams):
+                if snapshot_every and i % snapshot_every == 0:
+                    ext = {"start_seqno": i + 1, "end_seqno": i + snapshot_every, "flags": 1}
+                    data.append(encode("DCP_SNAPSHOT_MARKER", opaque=vb + 1, vbucket=vb, extras=ext))
+                ext = {"by_seqno": i + 1, "rev_seqno": 1}
+                data.append(encode("DCP_MUTATION", opaque=vb + 1, vbucket=vb, extras=ext, key=f"k{i}", value=b"v" * 8))
+        blob = b"".join(data)
+        ts = conv.send("s2c", blob[: len(blob) - cut_last] if cut_last else blob, ts, step_ns=1000)
+        if not cut_last:
+            conv.close(ts)
+    return str(path)
+
+
+def test_the_clock_converts_the_frames_once_for_every_band_and_mark(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plots' clock turns the frames' times into floats once (was: once per snapshot band), and the model makes it once."""
+    from dcpinspect.views import drawing
+
+    made: list[drawing.Clock] = []
+    real = drawing.Clock.__init__
+
+    def spy(self, *args, **kw) -> None:
+        real(self, *args, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(drawing.Clock, "__init__", spy)
+    m = ExplorerModel.open(_mutations(tmp_path / "snaps.pcap", 400, snapshot_every=2))
+    s = m.timeline.streams[0]
+    assert len(s.snapshots) == 200
+    m.select(s.items[-1].frame)
+    m.shown().png("stream")
+    m.show_stream(None)
+    m.shown().png("stream")
+    assert sum(c.conversions for c in made) == 1  # one conversion for both pictures and every band and mark in them
+    assert len(made) >= 2  # each plot wraps the model's clock: no new conversion
+
+
+def test_pictures_draw_a_bounded_number_of_points_and_bands(tmp_path) -> None:
+    from dcpinspect.views import explorer as ex
+    from dcpinspect.views.plots import MAX_BANDS, frames_of
+
+    m = ExplorerModel.open(_mutations(tmp_path / "many.pcap", 3000, streams=3, snapshot_every=2))
+    t = m.timeline
+    assert [len(s.items) for s in t.streams] == [len(s.items) for s in t.streams] and max(
+        len(s.items) for s in t.streams
+    ) <= 2 * ex.MAX_ITEMS
+    assert [m.builder.items_seen(i) for i in range(3)] == [3000] * 3  # the true counts are kept
+    m.show_stream(None)
+    fig = m.shown().figures["stream"]
+    lines = [a for a in fig.axes[0].get_lines() if (a.get_gid() or "").startswith("stream:")]
+    assert len(lines) == 3 and sum(len(frames_of(a)) for a in lines) <= max(ex.MAX_POINTS, 300)
+    bands = [c for c in fig.axes[0].collections if (c.get_gid() or "").startswith("snapshots:")]
+    assert bands and all(len(c.get_paths()) <= MAX_BANDS for c in bands)
+    # the stream filter still knows every item of a thinned stream
+    m.set_filters(stream=0)
+    names = [r["name"] for r in m.store.plain_table().take(m.indices()).select(["name"]).to_pylist()]
+    assert names.count("DCP_MUTATION") == 3000 and names.count("DCP_SNAPSHOT_MARKER") == 1500
+
+
+def test_the_stream_selector_picks_the_picture(failover) -> None:
+    m = fresh()
+    heard: list[str] = []
+    m.on_change(heard.append)
+    assert m.shown_stream() is None and len(m.shown().figures["stream"].axes[0].get_lines()) >= 1
+    m.select(failover.request)
+    story = m.stream_of(failover.request)
+    assert m.shown_stream() == story  # the pictures follow the selected frame
+    other = next(i for i, _l in m.streams() if i != story)
+    m.show_stream(other)
+    assert heard[-1] == "plot" and m.shown().key[0] == other and m.selected == failover.request  # the selection stays
+    with pytest.raises(KeyError):
+        m.show_stream(10_000)
+
+
+def test_a_truncated_frame_is_dissected_as_far_as_it_goes(tmp_path) -> None:
+    """The last mutation cut 5 bytes short: the explorer shows its header, extras and key, and what is missing."""
+    m = ExplorerModel.open(_mutations(tmp_path / "cut.pcap", 3, cut_last=5))
+    rows = m.store.plain_table().to_pylist()
+    (cut,) = (r for r in rows if r["type"] == "truncated")
+    m.select(cut["frame"])
+    page = m.annotation_html()
+    assert "5 bytes not captured" in page and "DCP_MUTATION" in page and "k2" in page and "by seqno" in page
+
+
+def test_the_display_filter_and_its_errors(failover) -> None:
+    m = fresh()
+    m.set_filters(text="name == 'DCP_STREAM_REQ' and dir == 'c2s'")
+    assert m.filter_error is None and m.total == len(failover.requests)
+    m.set_filters(text="name.contains('STREAM_END')")
+    assert m.total == len(failover.ends)
+    m.set_filters(text="vbucket ==")
+    assert m.filter_error and "\n" not in m.filter_error and m.total == failover.frames  # nothing hidden by a bad filter
+    m.set_filters(text="nosuch == 1")
+    assert "nosuch" in m.filter_error
+    m.set_filters(text="")
+    assert m.total == failover.frames
+
+
+def test_the_store_holds_the_table_compact_and_outside_the_heap(failover) -> None:
+    """Few-valued text columns dictionary-encoded, batches memory-mapped from a spill file; the plain table is the frames table."""
+    import pyarrow as pa
+
+    m = fresh()
+    t = m.store.compact
+    assert pa.types.is_dictionary(t.schema.field("name").type) and pa.types.is_dictionary(t.schema.field("file").type)
+    assert m.store.plain_table().equals(frames_table([BRANCHES]))
+    maps = [(buf.address, buf.address + buf.size) for _start, _m, buf in m.store._batch_spill._maps]  # type: ignore[union-attr]
+    for col in ("frame", "ts", "key"):  # the columns' bytes are the spill file's pages, not the heap's
+        for chunk in t.column(col).chunks:
+            data = chunk.buffers()[-1]
+            assert any(lo <= data.address and data.address + data.size <= hi for lo, hi in maps)
+    assert m.store.raw(0) == next(iter(read_records([BRANCHES]))).event.raw
+    assert m.store.table.equals(m.store.plain_table()) and m.store.table.schema.field("name").type == pa.string()
+    again = ExplorerModel.open(m.store.compact, timeline=False)  # a compact table is taken as it is
+    assert again.store.plain_table().equals(m.store.plain_table())

@@ -117,7 +117,7 @@ def test_branches(failover) -> None:
     # a lane per failover-log entry, oldest first, named by its uuid and where it starts
     labels = [tl.get_text() for tl in fig.axes[0].get_yticklabels()]
     oldest_first = sorted(failover.failover_log, key=lambda e: e[1])
-    assert [lab.split()[0] for lab in labels] == [f"0x{uuid:x}" for uuid, _seqno in oldest_first]
+    assert [lab.split()[0] for lab in labels] == [f"0x{uuid:016x}" for uuid, _seqno in oldest_first]  # zero-padded
     assert all(lab.endswith(f"@ {seqno}") for lab, (_uuid, seqno) in zip(labels, oldest_first, strict=True))
     # the resume at 15 on the old branch, which the new one forked from at 12: 12..15 was lost in the failover
     (lost,) = by_gid(fig, "lost:")
@@ -358,34 +358,6 @@ def test_seqnos_draws_a_bounded_number_of_streams_and_says_so() -> None:
     assert len(by_gid(plots.plot_seqnos(t, max_streams=None), "stream:")) == 300
 
 
-def test_report_of_many_streams_plots_few_and_lists_the_rest_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dcpinspect.views import report
-
-    t = many_streams(300)
-    t.connections = {1: copy_conn(t.connections[1], name="<script>alert(1)</script>" + "x" * 5000)}
-    figures: list[Figure] = []
-    real = plots.plot_seqnos
-
-    def spy(*args: object, **kw: object) -> Figure:
-        figures.append(real(*args, **kw))  # type: ignore[arg-type]
-        return figures[-1]
-
-    monkeypatch.setattr(plots, "plot_seqnos", spy)
-    monkeypatch.setattr(report, "MAX_ROWS", 100, raising=False)
-    frames = {"ts": np.array([0, 1], dtype="datetime64[ns]"), "type": np.array(["frame"] * 2), "name": np.array(["DCP_MUTATION"] * 2)}
-    import pandas as pd
-
-    page = report.render_report(t, pd.DataFrame(frames), [], counts={"streams": 300})
-    (fig,) = figures
-    assert len(by_gid(fig, "stream:")) == 64
-    assert "showing 64 of 300 streams" in page
-    assert page.count("<tr><td>") < 100 + 50  # the rest table (at most 100 rows) and the small ones
-    assert "... 136 more streams left out here" in page
-    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "x" * 400 not in page and "more characters)" in page  # a 5 KB name is cut
-    assert "&lt;b&gt;bad&lt;/b&gt;" in page
-
-
 def copy_conn(c: object, **changes: object) -> object:
     import dataclasses
 
@@ -470,3 +442,76 @@ def test_a_time_out_of_range_leaves_durations_unknown_and_plots_drawn(tmp_path: 
     assert sum("an unknown time" in c.text for st in steps for c in st.changes) == 2
     page = render_report(t, ft, [], counts={"files": 1, "frames": ft.num_rows, "connections": 1, "streams": 1, "anomalies": 0})
     assert "<html" in page.lower()
+
+
+# --- empty plots say so; the drawing kit does its work once (issue 16) ------------------
+
+
+def tick_texts(fig: Figure) -> list[str]:
+    FigureCanvasAgg(fig).draw()
+    return [t.get_text() for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels())]
+
+
+def empty_messages(fig: Figure) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "empty"]
+
+
+def test_empty_plots_say_so_in_words_never_minus_zero() -> None:
+    import copy
+
+    t = copy.copy(timeline("live-plain.pcap"))
+    t.streams = [copy.copy(s) for s in t.streams]
+    for s in t.streams:
+        s.items, s.snapshots, s.end, s.last_seqno = [], [], None, None
+    one = plots.plot_seqnos(t, streams=[0])  # a request, no item
+    assert empty_messages(one) == ["no items in this stream"] and "-0" not in tick_texts(one)
+    assert empty_messages(plots.plot_seqnos(t)) == ["no items in these streams"] if len(t.streams) > 1 else True
+    none = Timeline({}, [], {}, {}, [], [], [], [], {})
+    for fig, said in (
+        (plots.plot_seqnos(none), "no streams"),
+        (plots.plot_branches(none, 3), "no failover log and no stream request seen on vbucket 3"),
+        (plots.plot_flow(none, noops=False), "no buffer size negotiated: no flow control to plot"),
+        (plots.plot_noops(none), "no noop answered"),
+    ):
+        assert empty_messages(fig) == [said] and not [t for t in tick_texts(fig) if t], said
+    frames = {"ts": np.array([], dtype="datetime64[ns]"), "type": np.array([], dtype=object), "name": np.array([], dtype=object)}
+    import pandas as pd
+
+    assert empty_messages(plots.plot_opcodes(pd.DataFrame(frames))) == ["no frames"]
+
+
+def test_a_seqno_axis_near_zero_never_says_minus_zero() -> None:
+    fig = Figure()
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 0])
+    drawing.SeqAxis([0]).install(ax)
+    assert "-0" not in tick_texts(fig)
+
+
+def test_the_clock_converts_once_and_is_shared() -> None:
+    clk = drawing.Clock((np.arange(1, 1_001), np.arange(1_000) * 1_000_000), "time")
+    assert clk.conversions == 1
+    for _ in range(50):
+        clk(np.array([5, 500]))
+    assert clk.conversions == 1 and list(clk([1, 1000])) == [0.0, 0.999]
+    again = drawing.Clock(clk, "time")  # a plot given the model's clock wraps it: no new conversion
+    assert again.conversions == 0 and list(again([1001])) == [0.999]
+    assert list(drawing.Clock(clk, "frame")([7])) == [7.0]
+
+
+def test_a_plot_draws_at_most_the_points_and_bands_asked_for() -> None:
+    import copy
+
+    from dcpinspect.timeline import Item, Snapshot
+
+    t = copy.copy(timeline("live-plain.pcap"))
+    s = copy.copy(t.streams[0])
+    s.items = [Item(10 + k, 1_000 + k, 0x57, k + 1, k // 2) for k in range(50_000)]
+    s.snapshots = [Snapshot(9 + 2 * k, 2 * k + 1, 2 * k + 2, 1) for k in range(25_000)]
+    t.streams = [s, *[copy.copy(s) for _ in range(3)]]
+    fig = plots.plot_seqnos(t, max_points=4_000, layout="fixed")
+    lines = by_gid(fig, "stream:")
+    assert len(lines) == 4 and sum(len(plots.frames_of(a)) for a in lines) <= 4_000
+    assert all(len(c.get_paths()) <= plots.MAX_BANDS for c in by_gid(fig, "snapshots:"))
+    assert len(plots.frames_of(by_gid(plots.plot_seqnos(t, streams=[0]), "stream:")[0])) <= drawing.MAX_POINTS
+    assert getattr(fig, "dcpinspect_margins", None) == drawing.FIXED_MARGINS and fig.get_layout_engine() is None

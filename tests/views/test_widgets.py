@@ -216,3 +216,82 @@ def test_the_theme_is_passed_to_the_model(theme: str, failover) -> None:
     v = ExplorerView(fresh(), theme=theme)
     v.model.select(failover.request)
     assert v.model.shown(theme=theme).key[-1] == theme and v.stream_img.value == v.model.shown(theme=theme).png("stream")
+
+
+# --- full width, readable, a stream selector, the display filter (issue 16) -----------------
+
+
+def test_the_pictures_are_full_width_and_drawn_at_the_width_the_browser_reports(failover) -> None:
+    """Below the annotation, as wide as the explorer; drawn again at the reported width, so 10 pt text is read at 10 pt."""
+    import io
+
+    from PIL import Image
+
+    from dcpinspect.views.explorer import PNG_WIDTH
+    from dcpinspect.views.widgets import ExplorerView
+
+    v = ExplorerView(fresh(page_size=20))
+    assert v.layout.width == "100%" and v.stream_img.layout.width == "100%" and v.branch_img.layout.width == "100%"
+    assert v.annotation.layout.width == "100%"
+    v.model.select(failover.request)
+    assert Image.open(io.BytesIO(v.stream_img.value)).size[0] == PNG_WIDTH  # until the browser says how wide it is
+    v.stream_img.width = 1500  # what FigureImage's ResizeObserver reports
+    assert Image.open(io.BytesIO(v.stream_img.value)).size[0] == 1500
+    v.branch_img.width = 900
+    assert Image.open(io.BytesIO(v.branch_img.value)).size[0] == 900
+    assert "failover branches" in v.branch_img.alt and "seqnos per stream" in v.stream_img.alt
+
+
+def test_the_stream_selector(failover) -> None:
+    from dcpinspect.views.widgets import ExplorerView
+
+    v = ExplorerView(fresh(page_size=20))
+    m = v.model
+    assert v.show.value is None and v.show.index == 0 and v.show.label.startswith("every stream")
+    assert [i for _l, i in v.show.options[1:]] == [i for i, _l in m.streams()]
+    m.select(failover.request)
+    story = m.stream_of(failover.request)
+    assert v.show.value == story  # the selector follows the selected frame's stream
+    other = next(i for i, _l in m.streams() if i != story)
+    before = v.stream_img.value
+    v.show.value = other
+    assert m.shown_stream() == other and m.selected == failover.request and v.stream_img.value != before
+    v.show.index = 0  # every stream
+    assert m.plot_stream is None and m.shown().key[0] is None
+
+
+def test_the_filter_box_applies_a_display_filter_and_shows_its_error(failover) -> None:
+    from dcpinspect.views.widgets import ExplorerView
+
+    v = ExplorerView(fresh(page_size=200))
+    v.text.value = "name == 'DCP_STREAM_REQ' and dir == 'c2s'"
+    assert [f for _l, f in v.frames.options] == list(failover.requests) and v.filter_msg.value == ""
+    v.text.value = "vbucket =="
+    assert "syntax error" in v.filter_msg.value and len(v.frames.options) == failover.frames  # nothing hidden
+    v.text.value = "<b>x</b> == 1"
+    assert "<b>" not in v.filter_msg.value  # the message is escaped
+    v.text.value = ""
+    assert v.filter_msg.value == "" and v.model.filters.text == ""
+
+
+def test_a_background_load_redraws_the_view_a_few_times_not_once_per_chunk(manual) -> None:
+    """The frame list follows the load after the 1st, 2nd, 4th... chunk (O(log n)); the pictures are drawn once, at the end."""
+    from dcpinspect.views.widgets import ExplorerView
+
+    m = ExplorerModel(runner=manual, page_size=5)
+    v = ExplorerView(m)
+    drawn: list[int] = []
+    real = m.shown
+
+    def spy(**kw):
+        drawn.append(m.store.rows)
+        return real(**kw)
+
+    m.shown = spy  # type: ignore[method-assign]
+    pages: list[int] = []
+    v.frames.observe(lambda _c: pages.append(m.store.rows), names="options")
+    m.load([BRANCHES], background=True, rows=4)
+    manual.run_jobs()
+    assert m.chunks > 30 and 1 < len(set(pages)) <= m.chunks.bit_length() + 1
+    assert drawn == [m.store.rows] and v.stream_img.value[:4] == b"\x89PNG"
+    assert [i for _l, i in v.stream.options[1:]] == [i for i, _l in m.streams()]  # the streams, once the load is done
