@@ -33,4 +33,7 @@ Rules:
 6. A pcap written from live traffic has every SASL secret overwritten with
    ``*`` (same length) unless ``keep_secrets`` is asked for; records always
    hold the bytes as they passed.
+7. What a long-running shell writes is on disk while it runs: the client
+   flushes its pcap, then its resume state, every second (a timer on its
+   event loop) and on exit, however it ends.
 """

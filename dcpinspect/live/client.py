@@ -7,7 +7,17 @@ moves bytes between the sockets and the sans-IO
 :class:`~dcpinspect.live.consumer_cluster.ClusterConsumer`, hands every byte
 both ways to a :class:`~dcpinspect.live.tap.LiveCapture` (so the frames become
 records live, exactly as a capture would give them, and optionally a pcap), and
-persists the resume state of every vbucket as JSON at consistent points and on exit.
+persists the resume state of every vbucket as JSON.
+
+1. The pcap and the state file are flushed together at least every
+   ``flush_interval`` seconds while the client runs (a timer on the event
+   loop, not the arrival of data: a silent stream is flushed too), and on exit,
+   however it ends (every stream ended, :meth:`DcpClient.request_stop`, a
+   cancelled task, a failure).  The pcap is flushed first: the saved state never
+   names a seqno whose frame is not in the file.
+2. The state file is replaced atomically (a reader never sees half a file), and
+   only when the state changed; it holds each vbucket's last *consistent* point
+   (a complete snapshot), so a resume from it never needs a rollback of our own making.
 
     state = await run_client("127.0.0.1", 11210, ConsumerConfig(bucket="b", user="u", password=pw, to_latest=True))
 
@@ -60,11 +70,11 @@ def load_state(path: str | Path) -> ResumeState | None:
         raise ClientError(f"cannot read the state file {p}: {exc}") from None
 
 
-def save_state(path: str | Path, state: ResumeState) -> None:
-    """Write ``state`` to ``path`` atomically (a reader never sees half a file)."""
+def save_state(path: str | Path, state: ResumeState | str) -> None:
+    """Write ``state`` (or its JSON text) to ``path`` atomically (a reader never sees half a file)."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(state.to_json())
+    tmp.write_text(state if isinstance(state, str) else state.to_json())
     os.replace(tmp, p)
 
 
@@ -79,17 +89,20 @@ class DcpClient:
             the client keeps only per-vbucket state and counters, however long the stream.
         on_event: called with every :class:`~dcpinspect.live.consumer_states.ConsumerEvent`.
         pcap: also write the connection to this pcap file.
-        state_path: persist the resume state here (JSON) at consistent points and on exit.
+        state_path: persist the resume state here (JSON): every ``flush_interval`` and on exit.
         capture: an existing :class:`LiveCapture` to add this connection to (``pcap``/``on_record`` then unused).
         connect_timeout: seconds to connect.
         tick: seconds between the consumer's clock ticks when nothing arrives.
-        save_interval: at most one state write per this many seconds (plus the one on exit).
+        flush_interval: seconds of ``clock`` between flushes of the pcap and the state file while running.
+        keep_secrets: write SASL secrets into the pcap as sent (default: overwritten with ``*``).
+        reveal_secrets: the records' contexts show SASL secrets (what ``on_record`` consumers render).
         hold_acks: start with buffer acknowledgements withheld (see :attr:`hold_acks`).
         clock: the time source of the consumer's timeouts (replies, noops) and of the state saves
             (default: the event loop's clock).  A test can pass a fake clock and advance it only
             while it knows the server is silent; ``tick`` and ``connect_timeout`` stay real time.
 
-    :attr:`bytes` counts the bytes written to and read from the socket (``c2s``, ``s2c``).
+    :attr:`bytes` counts the bytes written to and read from the socket (``c2s``, ``s2c``),
+    :attr:`frames` the frames received, :attr:`flushes` the periodic flushes done.
     """
 
     def __init__(
@@ -105,10 +118,14 @@ class DcpClient:
         capture: LiveCapture | None = None,
         connect_timeout: float = 10.0,
         tick: float = 0.2,
-        save_interval: float = 1.0,
+        flush_interval: float = 1.0,
+        keep_secrets: bool = False,
+        reveal_secrets: bool = False,
         hold_acks: bool = False,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if not flush_interval > 0:
+            raise ValueError("flush_interval must be positive")
         self.host = host
         self.port = port
         self.config = config
@@ -119,10 +136,14 @@ class DcpClient:
         self.capture = capture
         self.connect_timeout = connect_timeout
         self.tick = tick
-        self.save_interval = save_interval
+        self.flush_interval = flush_interval
+        self.keep_secrets = keep_secrets
+        self.reveal_secrets = reveal_secrets
         self.clock = clock
         #: bytes written to (``c2s``) and read from (``s2c``) the socket so far
         self.bytes = {"c2s": 0, "s2c": 0}
+        #: periodic flushes of the pcap and the state file done so far (see :meth:`flush`)
+        self.flushes = 0
         #: the first connection's consumer (the only one on a single node)
         self.consumer: DcpConsumer | None = None
         #: every connection of the client (one per data node it streams from), once it runs
@@ -139,8 +160,9 @@ class DcpClient:
         self._clock: Callable[[], float] = clock or (lambda: 0.0)
         self._live_capture: LiveCapture | None = None
         self._own_capture = True
-        self._last_save = 0.0
-        self._dirty = False
+        self._last_flush = 0.0
+        self._saved: str | None = None  # the state file's text as last written
+        self._flush_error: str | None = None  # why a periodic flush failed (the client then stops)
         self._closing = False
 
     @property
@@ -206,8 +228,32 @@ class DcpClient:
 
     async def stop(self) -> ResumeState:
         """Close the streams, finish, save the state; returns it."""
-        self._stop = True
+        self.request_stop()
         return await self.wait()
+
+    def request_stop(self) -> None:
+        """Ask a running client to close its streams and finish (what SIGINT/SIGTERM do); returns at once.
+
+        :meth:`run` then returns normally, with the pcap and the state file flushed.
+        """
+        self._stop = True
+        for wake in self._wakes.values():
+            wake.set()
+
+    @property
+    def frames(self) -> int:
+        """Frames received from the servers so far."""
+        return self.fleet.frames_received if self.fleet is not None else 0
+
+    def flush(self) -> None:
+        """Flush the pcap, then write the state file if the state changed (the order keeps them consistent)."""
+        if self._live_capture is not None:
+            self._live_capture.flush()
+        if self.state_path is not None and self.fleet is not None:
+            text = self.fleet.state.to_json()
+            if text != self._saved:
+                save_state(self.state_path, text)
+                self._saved = text
 
     async def run(self) -> ResumeState:
         """Connect and stream until every stream ended (or :meth:`stop`); returns the final resume state.
@@ -237,12 +283,21 @@ class DcpClient:
         self._live_capture = self.capture
         if self._live_capture is None and (self.pcap is not None or self.on_record is not None):
             # records go to on_record or nowhere: a LiveCapture without a callback would keep every one
-            self._live_capture = LiveCapture(pcap=self.pcap, on_record=self.on_record or _discard)
+            try:
+                self._live_capture = LiveCapture(
+                    pcap=self.pcap,
+                    on_record=self.on_record or _discard,
+                    keep_secrets=self.keep_secrets,
+                    reveal_secrets=self.reveal_secrets,
+                )
+            except OSError as exc:
+                raise ClientError(f"cannot write the pcap {self.pcap}: {exc.strerror or exc}") from None
         self._tasks, self._wakes = {}, {}
         self._fleet_done = asyncio.Event()
-        self._last_save = self._clock()
-        self._dirty = False
+        self._last_flush = self._clock()
+        self._flush_error = None
         self._closing = False
+        flusher = asyncio.ensure_future(self._flusher()) if self._live_capture is not None or self.state_path is not None else None
         try:
             self._start_links()
             while not fleet.done:
@@ -261,9 +316,11 @@ class DcpClient:
                 finally:
                     waiter.cancel()
         finally:
+            if flusher is not None:
+                flusher.cancel()
             for task in self._tasks.values():
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(*self._tasks.values(), *([flusher] if flusher else []), return_exceptions=True)
             capture = self._live_capture
             if capture is not None:
                 if self._own_capture:
@@ -271,10 +328,34 @@ class DcpClient:
                 else:
                     capture.flush()
             if self.state_path is not None:
-                save_state(self.state_path, fleet.state)
+                self._saved = fleet.state.to_json()
+                try:
+                    save_state(self.state_path, self._saved)
+                except OSError as exc:
+                    raise ClientError(f"cannot save the state to {self.state_path}: {exc.strerror or exc}", fleet.state) from None
+        if self._flush_error is not None:
+            raise ClientError(self._flush_error, fleet.state)
         if fleet.failure is not None:
             raise ClientError(fleet.failure, fleet.state)
         return fleet.state
+
+    async def _flusher(self) -> None:
+        """Flush every ``flush_interval`` of the clock, data or not (sleeps at most ``tick`` at a time: a fake clock is followed too)."""
+        while True:
+            due = self._last_flush + self.flush_interval
+            now = self._clock()
+            if now >= due:
+                self._last_flush = now
+                try:
+                    self.flush()
+                except OSError as exc:  # the files cannot be written: stop, and say so (ClientError from run)
+                    self._flush_error = f"cannot write {exc.filename or 'the output files'}: {exc.strerror or exc}"
+                    self.request_stop()
+                    return
+                self.flushes += 1
+                self._progressed()
+                continue
+            await asyncio.sleep(min(self.tick, due - now))
 
     def _start_links(self) -> None:
         """Connect the links the client asks for (one per data node it streams from)."""
@@ -286,15 +367,11 @@ class DcpClient:
     def _handled(self, events: list[ConsumerEvent]) -> None:
         """After the client handled something: events out, links woken (one link's data may queue another's), state saved."""
         assert self.fleet is not None
-        self._dirty |= self._events(events)
+        self._events(events)
         self._start_links()
         for link_id, wake in self._wakes.items():
             if self.fleet.has_output(link_id) or self.fleet.closable(link_id):
                 wake.set()  # what one link read may queue another's bytes (a stream handed over) or end it
-        now = self._clock()
-        if self._dirty and self.state_path is not None and now - self._last_save >= self.save_interval:
-            save_state(self.state_path, self.fleet.state)
-            self._last_save, self._dirty = now, False
         if self.fleet.done:
             self._fleet_done.set()
         self._progressed()
@@ -390,13 +467,10 @@ class DcpClient:
             if conn is not None:
                 conn.close(by=closed_by)
 
-    def _events(self, events: list[ConsumerEvent]) -> bool:
-        checkpoint = False
-        for ev in events:
-            checkpoint |= ev.kind == "checkpoint"
-            if self.on_event is not None:
+    def _events(self, events: list[ConsumerEvent]) -> None:
+        if self.on_event is not None:
+            for ev in events:
                 self.on_event(ev)
-        return checkpoint
 
     def run_sync(self) -> ResumeState:
         """:meth:`run` from synchronous code (also when an event loop is already running in this thread)."""

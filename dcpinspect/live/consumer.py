@@ -189,6 +189,8 @@ class DcpConsumer(ClusterMapMixin):
         self.hold_acks = False
         self.acked_total = 0
         self.consumed_total = 0
+        #: frames decoded from the server's bytes so far
+        self.frames_received = 0
         self._out = bytearray()
         self._decoder = FrameDecoder()
         self._opaque = 0
@@ -300,6 +302,7 @@ class DcpConsumer(ClusterMapMixin):
                 continue
             if self.phase is Phase.FAILED:
                 break  # nothing after a fatal failure is acted upon
+            self.frames_received += 1
             try:
                 self._frame(ev, now, events)
             except TransitionError:

@@ -144,6 +144,11 @@ class ClusterConsumer:
         out.update(self.orphans)
         return dict(sorted(out.items()))
 
+    @property
+    def frames_received(self) -> int:
+        """Frames decoded from the servers' bytes so far, on every link."""
+        return sum(link.consumer.frames_received for link in self.links.values() if link.consumer is not None)
+
     # --- edge protocol ----------------------------------------------------------------
     def wanted(self) -> list[int]:
         """Links the edge has to connect now (each returned once)."""

@@ -23,6 +23,7 @@ from typing import Any
 from ..protocol.enums import Status
 from ..wire.dissection import Dissection
 from ..wire.events import Frame
+from ..wire.render import plural
 from .clustermap import ClusterMap, parse_config
 from .consumer_states import ConsumerEvent, Phase, Request, StreamStatus, server_text, status_text
 from .consumer_streams import StreamInfo, Streams
@@ -96,7 +97,9 @@ class ClusterMapMixin:
                 else:
                     self.cluster_map, self.node_index = cmap, me
                     self.tracker.follow_map = True
-                    text = f"rev {cmap.rev}: {len(cmap.nodes)} node(s), {len(cmap.vbucket_map)} vbuckets, this is node {me}"
+                    text = (
+                        f"rev {cmap.rev}: {plural(len(cmap.nodes), 'node')}, {plural(len(cmap.vbucket_map), 'vbucket')}, this is node {me}"
+                    )
                     events.append(ConsumerEvent("cluster_map", text, data={"map": cmap, "node": me}))
                     return cmap
         if self.cluster_map is None:

@@ -233,7 +233,7 @@ class Streams:
             "snap_end_seqno": snap_end,
         }
         self._send("DCP_STREAM_REQ", extras=extras, vbucket=st.vbucket, opaque=opaque, value=json.dumps(value).encode() if value else None)
-        what = f"start {pos.seqno} end {end} uuid 0x{pos.vb_uuid:x} snapshot {snap_start}..{snap_end}"
+        what = f"start {pos.seqno} end {end} uuid 0x{pos.vb_uuid:016x} snapshot {snap_start}..{snap_end}"
         events.append(ConsumerEvent("stream_requested", what, st.vbucket, extras))
 
     def on_reply(self, st: StreamInfo, d: Dissection, events: list[ConsumerEvent]) -> bool:
@@ -273,7 +273,10 @@ class Streams:
         self.commit(st, events)
         events.append(
             ConsumerEvent(
-                "stream_started", f"{len(log)} failover entries, newest uuid 0x{st.position.vb_uuid:x}", st.vbucket, {"failover_log": log}
+                "stream_started",
+                f"{len(log)} failover {'entry' if len(log) == 1 else 'entries'}, newest uuid 0x{st.position.vb_uuid:016x}",
+                st.vbucket,
+                {"failover_log": log},
             )
         )
 
@@ -294,7 +297,7 @@ class Streams:
         pos.seqno = pos.snap_start = pos.snap_end = seqno
         self.commit(st, events)
         data = {"rollback_seqno": r, "from_seqno": before, "vb_uuid": pos.vb_uuid, "failover_log": list(log)}
-        events.append(ConsumerEvent("rollback", f"to {r} (from {before}); retrying with uuid 0x{pos.vb_uuid:x}", st.vbucket, data))
+        events.append(ConsumerEvent("rollback", f"to {r} (from {before}); retrying with uuid 0x{pos.vb_uuid:016x}", st.vbucket, data))
         if st.retries_in_a_row > self.max_rollbacks:
             self.fail(st, f"gave up after {st.retries_in_a_row - 1} rollbacks in a row", events)
             return False

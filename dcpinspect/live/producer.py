@@ -154,6 +154,8 @@ class ProducerConnection(DataNodeMixin, StreamingMixin):
         self.last_receive = now
         self.last_send = now
         self.sent_frames = 0
+        #: frames received from the client so far
+        self.received_frames = 0
         self._init_streams()
         self.serial = cluster.register(self)
 
@@ -236,6 +238,7 @@ class ProducerConnection(DataNodeMixin, StreamingMixin):
         events = self._decoder.feed(data)
         for ev in events:
             del self._pending[: ev.length]
+            self.received_frames += ev.type == "frame"
         if self._pending and self._pending[0] not in _MAGICS:
             # the decoder holds garbage back until it resynchronises; the server drops the connection at once
             events.append(Garbage(0, bytes(self._pending[:1]), "invalid magic"))

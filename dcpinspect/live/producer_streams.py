@@ -117,6 +117,9 @@ class StreamingMixin(SnapshotsMixin):
     def _init_streams(self) -> None:
         self.streams: dict[tuple[int, int | None], ProducerStream] = {}
         self._rr = 0
+        #: streams opened (stream requests answered Success) and DCP items sent (mutations, deletions, ...) so far
+        self.streams_opened = 0
+        self.items_sent = 0
         # flow control
         self.buffer_size = 0
         self.bytes_outstanding = 0
@@ -379,6 +382,7 @@ class StreamingMixin(SnapshotsMixin):
             collection_filter="collections" in req.obj,
         )
         self.streams[st.key] = st
+        self.streams_opened += 1
         self.cluster.note(
             "stream_request",
             **req.journal,
@@ -505,6 +509,8 @@ class StreamingMixin(SnapshotsMixin):
                     return  # the producer pauses: nothing ends because the consumer stopped acking
                 q = st.queue.popleft()
                 self._send(q.frame, now)
+                if q.what == "item":
+                    self.items_sent += 1
                 if q.note is not None:
                     self._journal(st, q.note)
                 self.bytes_outstanding += q.size if self.buffer_size > 0 else 0

@@ -16,8 +16,15 @@ Each data node listens on its own port of the same host; every node serves the
 same :class:`~dcpinspect.live.cluster.Cluster` (one cluster map), each
 connection as the node it was made to.
 
-Command line (:mod:`dcpinspect.cli.live`): ``dcpinspect sim --port 0`` prints ``listening on HOST:PORT`` first
+Command line (:mod:`dcpinspect.cli.live`): ``dcpinspect sim --listen :0`` prints ``listening on HOST:PORT`` first
 (``[HOST]:PORT`` for IPv6) and runs until SIGINT/SIGTERM.
+
+1. Every connection is logged on :data:`log` (``dcpinspect.live.sim``): accepted
+   (peer, node), its DCP_OPEN name once it opened, closed (why, what it did).
+   The simulator never prints; the command line sends the log to stderr.
+2. :attr:`Simulator.totals` counts over every connection, open or closed
+   (connections, frames each way, streams, items, bytes each way);
+   :meth:`Simulator.summary` is the one line the command prints on stop.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,9 +41,11 @@ from typing import Any, TypeVar
 from .cluster import BACKFILL_IDLE_LIMIT, DCP_IDLE_TIMEOUT, Bucket, Cluster
 from .producer import ProducerConnection
 from .scenarios import SCENARIO_NODES, SCENARIOS
-from .tap import format_endpoint
+from .tap import counted, format_endpoint
 
-__all__ = ["MAX_VBUCKETS", "SCENARIOS", "SCENARIO_NODES", "Simulator", "SimulatorThread"]
+__all__ = ["MAX_VBUCKETS", "SCENARIOS", "SCENARIO_NODES", "Simulator", "SimulatorThread", "log"]
+
+log = logging.getLogger("dcpinspect.live.sim")
 
 T = TypeVar("T")
 
@@ -43,6 +53,10 @@ T = TypeVar("T")
 MAX_VBUCKETS = 1 << 16
 #: default :attr:`Simulator.backlog_limit`
 BACKLOG_LIMIT = 1 << 20
+
+
+#: what :attr:`Simulator.totals` counts
+_TOTALS = ("connections", "frames_in", "frames_out", "streams", "items", "bytes_in", "bytes_out")
 
 
 class Simulator:
@@ -131,6 +145,9 @@ class Simulator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._conns: dict[ProducerConnection, tuple[asyncio.StreamWriter, asyncio.Event]] = {}
+        self._closed_totals = dict.fromkeys(_TOTALS, 0)  # of the connections that ended
+        self._conn_bytes: dict[ProducerConnection, list[int]] = {}  # bytes in, out of each open connection
+        self._all_ended: asyncio.Event | None = None  # set when the last open connection ended (while stopping)
 
     def __repr__(self) -> str:
         return f"Simulator({self.host}:{self.port}, bucket={self.bucket.name!r}, connections={len(self._conns)})"
@@ -211,6 +228,10 @@ class Simulator:
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
+        if self._conn_bytes:  # their handlers log them closed (a bounded wait: a handler stuck elsewhere is not waited for)
+            self._all_ended = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_ended.wait(), 5.0)
 
     async def __aenter__(self) -> Simulator:
         return await self.start()
@@ -228,12 +249,61 @@ class Simulator:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    # --- counters ------------------------------------------------------------------------
+    @property
+    def totals(self) -> dict[str, int]:
+        """Counts over every connection so far, open or closed.
+
+        ``connections``, ``frames_in`` (from clients), ``frames_out``, ``streams`` (opened),
+        ``items`` (DCP items sent), ``bytes_in``, ``bytes_out``.
+        """
+        out = dict(self._closed_totals)
+        for conn, nbytes in list(self._conn_bytes.items()):
+            for k, v in _conn_counts(conn, nbytes).items():
+                out[k] += v
+        return out
+
+    def summary(self) -> str:
+        """One line: ``stopped: 2 connections, 812 frames (12 in, 800 out), 4 streams, 400 items, 520 bytes in, 61234 bytes out``."""
+        t = self.totals
+        return (
+            f"stopped: {counted(t['connections'], 'connection')}, {counted(t['frames_in'] + t['frames_out'], 'frame')} "
+            f"({t['frames_in']} in, {t['frames_out']} out), {counted(t['streams'], 'stream')}, {counted(t['items'], 'item')}, "
+            f"{counted(t['bytes_in'], 'byte')} in, {counted(t['bytes_out'], 'byte')} out"
+        )
+
+    def _ended(self, conn: ProducerConnection, where: str) -> None:
+        """A connection is gone: its counts move to the closed totals, one log line says what it did."""
+        nbytes = self._conn_bytes.pop(conn, None)
+        if nbytes is None:
+            return
+        c = _conn_counts(conn, nbytes)
+        for k, v in c.items():
+            self._closed_totals[k] += v
+        if not self._conn_bytes and self._all_ended is not None:
+            self._all_ended.set()
+        name = f", DCP {conn.dcp_name!r}" if conn.dcp_name is not None else ""
+        log.info(
+            "%s closed (%s)%s: %s in, %s out, %s, %s",
+            where,
+            conn.close_reason or "closed",
+            name,
+            counted(c["frames_in"], "frame"),
+            counted(c["frames_out"], "frame"),
+            counted(c["streams"], "stream"),
+            counted(c["items"], "item"),
+        )
+
     # --- connections -------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node: int = 0) -> None:
         peer = writer.get_extra_info("peername")
         conn = ProducerConnection(
             self.cluster, node=node, peer=format_endpoint((str(peer[0]), int(peer[1]))) if peer else "", now=self._now()
         )
+        where = f"connection {conn.serial} from {conn.peer or '?'}" + (f" to node {node}" if self.cluster.nodes > 1 else "")
+        log.info("%s accepted", where)
+        nbytes = self._conn_bytes[conn] = [0, 0]
+        named = False
         # drain() waits while the transport holds more than this (and until it is down to a quarter)
         writer.transport.set_write_buffer_limits(high=self.backlog_limit)
         wake = asyncio.Event()
@@ -253,7 +323,11 @@ class Simulator:
                 if not data:
                     conn.close("client closed the connection")
                     break
+                nbytes[0] += len(data)
                 conn.receive(data, self._now())
+                if not named and conn.dcp_name is not None:
+                    named = True
+                    log.info("%s: DCP_OPEN %r", where, conn.dcp_name)
                 if not conn.want_read or writer.transport.get_write_buffer_size() > self.backlog_limit:
                     readable.clear()
                 wake.set()
@@ -264,6 +338,7 @@ class Simulator:
             wake.set()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await out
+            self._ended(conn, where)
 
     async def _writer(self, conn: ProducerConnection, writer: asyncio.StreamWriter, wake: asyncio.Event, readable: asyncio.Event) -> None:
         """The only task that writes to ``writer``: every write is preceded by a drain that returned."""
@@ -274,6 +349,9 @@ class Simulator:
                 while True:
                     data = conn.data_to_send()
                     if data:
+                        nbytes = self._conn_bytes.get(conn)
+                        if nbytes is not None:
+                            nbytes[1] += len(data)
                         writer.write(data)
                         self.peak_backlog = max(self.peak_backlog, writer.transport.get_write_buffer_size())
                     await writer.drain()  # returns at once unless the transport holds more than backlog_limit
@@ -406,6 +484,18 @@ class Simulator:
         self.kick()
         for _writer, wake in self._conns.values():
             wake.set()
+
+
+def _conn_counts(conn: ProducerConnection, nbytes: list[int]) -> dict[str, int]:
+    return {
+        "connections": 1,
+        "frames_in": conn.received_frames,
+        "frames_out": conn.sent_frames,
+        "streams": conn.streams_opened,
+        "items": conn.items_sent,
+        "bytes_in": nbytes[0],
+        "bytes_out": nbytes[1],
+    }
 
 
 class SimulatorThread:

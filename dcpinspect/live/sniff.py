@@ -17,19 +17,25 @@ is forgotten).
 On loopback the kernel hands a listen socket every packet twice (once going
 out, once coming in); like libpcap, the outgoing copy is dropped there.
 
-Needs root or ``CAP_NET_RAW``: without, :class:`SniffPermissionError`.
+Needs root or ``CAP_NET_RAW``: without, :class:`SniffPermissionError`.  An
+interface that does not exist, or a capture filter (``capture_filter``, BPF as
+in ``tcpdump``/``tshark -f``) that does not compile, is a :class:`SniffError`
+with a one-line message, before anything is opened.  The default capture
+filter is ``tcp port P`` for each server port (``or``-ed); whatever the filter
+lets through, only TCP segments of the server ports are decoded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,7 @@ from ..flows.reassembly import FIN, RST, SYN, Segment
 from ..flows.records import CaptureStats, Record, Recorder
 from .tap import KEEP_CLOSED, SecretMasker, StatePruner
 
-__all__ = ["HOLE_TIMEOUT", "IDLE_TIMEOUT", "SniffPermissionError", "Sniffer"]
+__all__ = ["HOLE_TIMEOUT", "IDLE_TIMEOUT", "SniffError", "SniffPermissionError", "Sniffer", "default_filter", "interfaces"]
 
 _PACKET_OUTGOING = 4
 _SO_RCVBUFFORCE = 33
@@ -65,6 +71,46 @@ EXPIRY_CHECK = 10_000_000_000  # ns of capture time between looks for such conne
 
 class SniffPermissionError(PermissionError):
     """Opening a packet socket needs root or CAP_NET_RAW."""
+
+
+class SniffError(Exception):
+    """A sniff that cannot start: no such interface, a capture filter that does not compile (a one-line reason)."""
+
+
+def interfaces() -> list[str]:
+    """The names of this host's network interfaces (``[]`` where they cannot be listed)."""
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+
+
+def default_filter(ports: Iterable[int]) -> str | None:
+    """The capture filter for the server ports: ``tcp port 11210 or tcp port 11211`` (``None`` without ports)."""
+    return " or ".join(f"tcp port {p}" for p in sorted(set(ports))) or None
+
+
+def _check_interface(iface: str) -> None:
+    names = interfaces()
+    if names and iface not in names and iface.split(":", 1)[0] not in names:
+        raise SniffError(f"no such interface: {iface!r} (this host has {', '.join(names)})")
+
+
+def check_filter(bpf: str, iface: str) -> None:
+    """Raise :class:`SniffError` if ``bpf`` does not compile (libpcap's message, one line); silent where libpcap is missing."""
+    try:
+        from scapy.arch.common import compile_filter, free_filter
+    except Exception:  # pragma: no cover - no libpcap: the kernel filter is skipped, the ports filtered in Python
+        return
+    try:
+        prog = compile_filter(bpf, iface)
+    except (ImportError, OSError):  # no libpcap, or it wanted the interface open (no privileges: said when it is opened)
+        return
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        inner = re.search(r"\((.+)\)$", text)  # scapy: "Failed to compile filter expression '...' (libpcap's reason)"
+        raise SniffError(f"bad capture filter {bpf!r}: {inner.group(1) if inner else text}") from None
+    free_filter(prog)
 
 
 def _linktype(sock: Any) -> int:
@@ -104,6 +150,8 @@ def _raw_socket(iface: str, bpf: str | None) -> Any:
         sock = RawListen(iface=iface, filter=None)
     except PermissionError as exc:
         raise SniffPermissionError(f"capturing on {iface} needs root or CAP_NET_RAW ({exc})") from exc
+    except ValueError as exc:  # scapy: "Interface '...' not found !"
+        raise SniffError(f"cannot capture on {iface!r}: {' '.join(str(exc).split())}") from None
     finally:
         quiet.setLevel(level)
     if bpf is not None:
@@ -339,7 +387,8 @@ class Sniffer:
 
     Args:
         iface: interface name (``lo``, ``eth0``).
-        ports: server ports to capture (BPF ``tcp port ...``) and decode.
+        ports: server ports to decode (and, without ``capture_filter``, to capture: BPF ``tcp port ...``).
+        capture_filter: a BPF capture filter (``tcp port 11210 and host 10.0.0.5``) instead of the ports'.
         pcap: also write the raw packets to this pcap file.
         on_record: called (on the sniffer's thread) with every record; without
             it records are kept in :attr:`records`.
@@ -370,8 +419,10 @@ class Sniffer:
         label: str | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         hole_timeout: float = HOLE_TIMEOUT,
+        capture_filter: str | None = None,
     ) -> None:
         self.iface = iface
+        self.capture_filter = capture_filter
         self.idle_ns = int(idle_timeout * 1e9)  # a connection silent this long (capture time) is closed: its FIN/RST was missed
         self.hole_ns = int(hole_timeout * 1e9)  # a hole waited for this long (capture time) is given up
         self._next_expiry: int | None = None
@@ -400,10 +451,17 @@ class Sniffer:
         self._closed = False
 
     def start(self) -> Sniffer:
-        """Open the socket (raises :class:`SniffPermissionError`) and start sniffing in a thread."""
+        """Open the socket and start sniffing in a thread.
+
+        Raises :class:`SniffError` (no such interface, a capture filter that does not compile)
+        or :class:`SniffPermissionError` (no root or CAP_NET_RAW), before any file is written.
+        """
         from scapy.sendrecv import AsyncSniffer
 
-        bpf = " or ".join(f"tcp port {p}" for p in sorted(self.ports)) or None
+        _check_interface(self.iface)
+        bpf = self.filter
+        if self.capture_filter is not None:
+            check_filter(self.capture_filter, self.iface)
         self._sock = _raw_socket(self.iface, bpf)
         self.linktype = _linktype(self._sock)
         if self.pcap is not None:
@@ -415,6 +473,11 @@ class Sniffer:
         self._sniffer.start()
         started.wait(5)
         return self
+
+    @property
+    def filter(self) -> str | None:
+        """The capture filter in use: ``capture_filter``, else the server ports' (:func:`default_filter`)."""
+        return self.capture_filter if self.capture_filter is not None else default_filter(self.ports)
 
     def _packet(self, pkt: Any) -> None:
         data = bytes(pkt)

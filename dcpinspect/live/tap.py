@@ -34,7 +34,7 @@ from ..wire.decoder import FrameDecoder, plausible_header
 from ..wire.dissect import dissect
 from ..wire.events import Frame
 
-__all__ = ["JUNK_LIMIT", "KEEP_CLOSED", "LiveCapture", "LiveConnection", "SecretMasker", "StatePruner", "format_endpoint"]
+__all__ = ["JUNK_LIMIT", "KEEP_CLOSED", "LiveCapture", "LiveConnection", "SecretMasker", "StatePruner", "counted", "format_endpoint"]
 
 #: payload bytes per synthesised segment (IPv4 total length is 16 bits)
 SEGMENT = 65_000
@@ -44,6 +44,11 @@ JUNK_LIMIT = 64 * 1024
 STATE_SLACK = 256
 #: closed connections a live source keeps in ``stats.connections`` (older ones are only counted)
 KEEP_CLOSED = 1024
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 connection``, ``2 connections``: a count and its noun, plural when it is not 1 (a noun in ``ed`` or ``s`` stays: ``2 seqno_advanced``)."""
+    return f"{n} {noun if n == 1 or noun.endswith(('ed', 's')) else noun + 's'}"
 
 
 def format_endpoint(ep: tuple[Any, ...]) -> str:

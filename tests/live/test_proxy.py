@@ -27,7 +27,7 @@ from tshark import needs_tshark
 
 from dcpinspect import encode
 from dcpinspect.capture.read import capture_segments, read_records
-from dcpinspect.cli.live import parse_endpoint
+from dcpinspect.cli.live import parse_address
 from dcpinspect.flows.records import CaptureStats, Record
 from dcpinspect.live.proxy import TapProxy
 from dcpinspect.live.tap import LiveConnection
@@ -382,12 +382,14 @@ def test_background_thread_from_sync_code() -> None:
     assert sum(1 for r in recs if r.event.type == "frame") == 200
 
 
-def test_parse_endpoint() -> None:
-    assert parse_endpoint("127.0.0.1:0") == ("127.0.0.1", 0)
-    assert parse_endpoint("[::1]:11210") == ("::1", 11210)
-    for bad in ("11210", "host:", "h:70000", ":1"):
+def test_parse_address_for_listening_and_upstream() -> None:
+    """The proxy's two addresses use the one syntax (the full table is in test_cli_live.py)."""
+    assert parse_address("127.0.0.1:0", listen=True) == ("127.0.0.1", 0)
+    assert parse_address("[::1]:11210") == ("::1", 11210)
+    assert parse_address("11210") == parse_address(":11210") == ("127.0.0.1", 11210)
+    for bad in ("host", "host:", "h:70000", ":0"):
         with pytest.raises(ValueError):
-            parse_endpoint(bad)
+            parse_address(bad)
 
 
 # -- command line -------------------------------------------------------------
@@ -457,7 +459,7 @@ def test_cli_prints_its_address_first_and_flushes_on_sigterm(tmp_path: Path, as_
         assert "c2s SET request vb=0 opaque=0x00000001 key='a'" in lines[0]
     recs = list(read_records([str(pcap)]))
     assert [r.event.name for r in recs] == ["SET", "GET", "SET", "GET"]  # type: ignore[union-attr]
-    assert "stopped: 1 connections" in err
+    assert "stopped: 1 connection, " in err
 
 
 def test_cli_bad_address_exits_2(tmp_path: Path) -> None:
@@ -469,7 +471,7 @@ def test_cli_bad_address_exits_2(tmp_path: Path) -> None:
         timeout=30,
         check=False,
     )
-    assert proc.returncode == 2 and "not HOST:PORT" in proc.stderr
+    assert proc.returncode == 2 and "bad address 'nonsense'" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 # -- forwarding never waits on output or decoding --------------------------------------------------------------

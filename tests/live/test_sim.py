@@ -187,14 +187,14 @@ def test_thread_runner_from_sync_code() -> None:
         assert len(sim.bucket.vbuckets[0].failover_log) == 2
 
 
-def test_command_bad_arguments() -> None:
+def test_command_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     out = io.StringIO()
     assert cli_main(["sim", "--port", "0", "--users", "nopass"], out=out) == 2
-    assert "nopass" in out.getvalue() and "error" in out.getvalue()
-    for bad in (["--nodes", "0"], ["--idle-timeout", "0"], ["--scenario", "failover", "--nodes", "1"]):
-        out = io.StringIO()
+    err = capsys.readouterr().err
+    assert "nopass" in err and "error" in err and out.getvalue() == ""  # errors go to stderr
+    for bad in (["--nodes", "0"], ["--idle-timeout", "0"], ["--scenario", "failover", "--nodes", "1"], ["--listen", "[::1"]):
         assert cli_main(["sim", "--port", "0", *bad], out=out) == 2, bad
-        line = out.getvalue()
+        line = capsys.readouterr().err
         assert line.startswith("dcpinspect sim: error:") and line.count("\n") == 1, line
     assert set(SCENARIOS) >= {"failover", "purge", "collections", "sync-writes"}
 
@@ -301,7 +301,7 @@ def test_ipv6_addresses_are_shown_in_brackets() -> None:
     run(main())
 
 
-def test_users_from_a_file_and_the_environment(tmp_path: Path) -> None:
+def test_users_from_a_file_and_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from dcpinspect.cli.live import USERS_ENV, sim_users
 
     f = tmp_path / "users"
@@ -313,13 +313,13 @@ def test_users_from_a_file_and_the_environment(tmp_path: Path) -> None:
     out = io.StringIO()
     f.write_text("alice-without-password\n")
     assert cli_main(["sim", "--port", "0", "--users-file", str(f)], out=out, environ={}) == 2
-    assert "--users-file line 1" in out.getvalue()
-    out = io.StringIO()
+    assert "--users-file line 1" in capsys.readouterr().err
     assert cli_main(["sim", "--port", "0"], out=out, environ={USERS_ENV: "x:secret-pw,nocolon"}) == 2
-    assert USERS_ENV in out.getvalue() and "secret-pw" not in out.getvalue()
-    out = io.StringIO()
+    err = capsys.readouterr().err
+    assert USERS_ENV in err and "secret-pw" not in err
     assert cli_main(["sim", "--port", "0", "--users-file", str(tmp_path / "missing")], out=out, environ={}) == 2
-    assert "cannot read --users-file" in out.getvalue()
+    assert "cannot read --users-file" in capsys.readouterr().err
+    assert out.getvalue() == ""
     help_out = io.StringIO()
     import contextlib
 

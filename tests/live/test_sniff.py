@@ -116,6 +116,8 @@ def test_sniff_cli_count_and_json(tmp_path: Path) -> None:
             "lo",
             "--port",
             str(port),
+            "-f",
+            f"tcp port {port} and host {LOOP}",  # a capture filter of the user's own, compiled into the kernel socket
             "--pcap",
             str(pcap),
             "--json",
@@ -130,7 +132,7 @@ def test_sniff_cli_count_and_json(tmp_path: Path) -> None:
     )
     try:
         assert proc.stderr is not None
-        assert "capturing on lo" in proc.stderr.readline()
+        assert proc.stderr.readline() == f"dcpinspect sniff: capturing on lo, filter 'tcp port {port} and host {LOOP}'\n"
         c2s = requests(10, seed=1)
 
         async def server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
