@@ -1,10 +1,25 @@
 """The Spark session and the inputs: Java, a local, submitted or Spark Connect session, capture paths, file systems.
 
-Imports neither pyspark nor pyarrow until a function needs them.
+Rules:
+
+1. Imports neither pyspark nor pyarrow until a function needs them (the base
+   install has no pyspark: see :mod:`dcpinspect.cli.extras`).
+2. Local paths, globs and directories are resolved on the driver, to
+   absolute paths (:func:`expand_paths`): a cluster's executors run in
+   working directories of their own.  URIs pass through.
+3. A JVM this module starts is quiet: Spark logs errors only
+   (``log4j2.properties``, Spark's loggers included, so the shell's
+   "Setting default log level" banner is not printed either), and the one
+   line the JVM itself always prints for the incubator module Spark's
+   launcher adds is filtered out of its stderr (:data:`JVM_NOISE`); every
+   other line of it reaches our stderr.
+4. A Spark Connect server answers within the connect timeout, or the
+   caller gets one line saying why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob as _glob
 import os
 import shutil
@@ -68,21 +83,10 @@ def get_session(
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    b = SparkSession.builder.appName("dcpinspect")
     submitted = "spark.master" in _submit_conf()
-    if master:
-        b = b.master(master)
-    elif not submitted:
-        b = b.master(f"local[{cores or '*'}]")
     n = cores or os.cpu_count() or 2
-    if not submitted:
-        # a local session: bind to loopback; log errors only from the JVM's start; and only the JVM's quick
-        # compiler - the JVM mostly moves Arrow batches here, and its optimising compiler cost more CPU
-        # (3-4 s of a 2-core run) than it gave back
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        log4j = Path(__file__).with_name("log4j2.properties")
-        b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1")
     conf = {
+        "spark.app.name": "dcpinspect",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": str(max(4, 4 * n)),  # the frames stage: tasks of a connection or two balance the cores
@@ -91,12 +95,61 @@ def get_session(
         "spark.driver.memory": memory,
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
-        "spark.log.level": "ERROR",
     }
+    if master or not submitted:
+        conf["spark.master"] = master or f"local[{cores or '*'}]"
+    if submitted:
+        conf["spark.log.level"] = "ERROR"  # spark-submit's JVM is up already: its log4j configuration stands
+    else:
+        # our own JVM: bind to loopback; log errors only, from the JVM's start (log4j2.properties); and only the
+        # JVM's quick compiler - the JVM mostly moves Arrow batches here, and its optimising compiler cost more
+        # CPU (3-4 s of a 2-core run) than it gave back
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        log4j = Path(__file__).with_name("log4j2.properties")
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1"
+        if _start_quiet_context(conf):
+            return SparkSession.builder.getOrCreate()  # takes the context just started, its configuration whole
+    b = SparkSession.builder
     for k, v in conf.items():
         b = b.config(k, v)
-    spark = b.getOrCreate()
-    return spark
+    return b.getOrCreate()
+
+
+#: lines of the JVM's stderr that say nothing to a user: Spark's launcher always adds
+#: ``--add-modules=jdk.incubator.vector`` and the JVM then always prints this (no JVM option turns it off)
+JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+
+def _start_quiet_context(conf: dict[str, str]) -> bool:
+    """Start the driver JVM with its stderr through :func:`_forward_stderr` (pyspark's ``popen_kwargs``), and its SparkContext.
+
+    False (and nothing started) when a JVM is up already: a stopped context's, which Spark reuses.
+    """
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or SparkContext._active_spark_context is not None:
+        return False
+    sc_conf = SparkConf().setAll(list(conf.items()))
+    r, w = os.pipe()
+    threading.Thread(target=_forward_stderr, args=(r,), name="dcpinspect-spark-stderr", daemon=True).start()
+    try:
+        gateway = launch_gateway(sc_conf, popen_kwargs={"stderr": w})
+    finally:
+        os.close(w)  # the JVM (and the Python workers it forks) hold the write end now
+    SparkContext(conf=sc_conf, gateway=gateway)
+    return True
+
+
+def _forward_stderr(fd: int) -> None:
+    """Copy the JVM's stderr to ours line by line, less :data:`JVM_NOISE`, until the JVM and its children close it."""
+    with os.fdopen(fd, "rb") as pipe:
+        for line in pipe:
+            if not line.startswith(JVM_NOISE):
+                with contextlib.suppress(OSError):  # our stderr is gone: keep draining, or the JVM would block on a full pipe
+                    os.write(2, line)
 
 
 def connect_endpoint(url: str) -> tuple[str, int]:
@@ -165,19 +218,28 @@ def _submit_conf() -> dict[str, str]:
     return out
 
 
+#: the names of a directory's files that are read as captures (gzip'ed ones too)
+CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".pcap.gz", ".pcapng.gz", ".cap.gz")
+
+
 def expand_paths(paths: Iterable[str]) -> list[str]:
-    """Globs and directories to capture files, in order (each glob sorted; a directory's files sorted)."""
+    """Globs and directories to capture files, in order (each glob sorted; a directory's files sorted), local ones absolute.
+
+    Paths are resolved here, on the driver: a cluster's executors run in
+    their own working directories, where ``captures/x.pcap`` names nothing.
+    URIs (``scheme://...``) pass through as given.
+    """
     out: list[str] = []
     for item in paths:
         p = str(item)
         if "://" in p:
             out.append(p)
         elif any(ch in p for ch in "*?["):
-            out += sorted(q for q in _glob.glob(p) if Path(q).is_file())
+            out += sorted(os.path.abspath(q) for q in _glob.glob(p) if Path(q).is_file())
         elif Path(p).is_dir():
-            out += sorted(str(q) for q in Path(p).iterdir() if q.is_file() and q.suffix in (".pcap", ".pcapng", ".cap"))
+            out += sorted(os.path.abspath(q) for q in Path(p).iterdir() if q.is_file() and q.name.endswith(CAPTURE_SUFFIXES))
         else:
-            out.append(p)
+            out.append(os.path.abspath(p))
     return out
 
 
@@ -191,7 +253,7 @@ def filesystem(path: str) -> tuple[Any, str]:
 
 
 def files_frame(spark: Any, paths: Iterable[str]) -> Any:
-    """One row per input file: ``file_index``, ``path`` (as given, after glob expansion)."""
+    """One row per input file: ``file_index``, ``path`` (after :func:`expand_paths`: local paths absolute)."""
     files = expand_paths(paths)
     if len(files) >= 1 << 20:
         raise ValueError("at most 2^20 files per run")
