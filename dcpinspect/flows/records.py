@@ -316,7 +316,18 @@ class RecordChunk:
 
     def record(self, i: int) -> Record:
         """Record ``i`` of the chunk as a :class:`Record`."""
-        run = bisect_right(list(accumulate(self.counts)), i)
+        return self._record(i, bisect_right(list(accumulate(self.counts)), i))
+
+    def records(self) -> Iterator[Record]:
+        """Every record of the chunk, in order."""
+        i = 0
+        for run, n in enumerate(self.counts):
+            for j in range(i, i + n):
+                yield self._record(j, run)
+            i += n
+
+    def _record(self, i: int, run: int) -> Record:
+        """Record ``i``, of run ``run``."""
         c = self.conn[run]
         ts = self.ts[run]
         packet = self.packet[run]
@@ -336,32 +347,6 @@ class RecordChunk:
             self.capture_set,
             self.set_base,
         )
-
-    def records(self) -> Iterator[Record]:
-        """Every record of the chunk, in order."""
-        i = 0
-        for run, n in enumerate(self.counts):
-            c = self.conn[run]
-            ts = self.ts[run]
-            packet = self.packet[run]
-            for j in range(i, i + n):
-                tf, tl, pf, pl = self.heads.get(j, (ts, ts, packet, packet))
-                yield Record(
-                    self.first_number + j,
-                    self.file[run],
-                    c,
-                    self.labels[c],
-                    self.direction[run],
-                    tl,
-                    tf,
-                    pl,
-                    pf,
-                    self.events[j],
-                    self.context[j],
-                    self.capture_set,
-                    self.set_base,
-                )
-            i += n
 
 
 def iter_chunks(

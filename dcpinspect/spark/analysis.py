@@ -273,22 +273,6 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
     return res
 
 
-_REPORT_COLUMNS = (
-    "frame",
-    "capture_set",
-    "set_frame",
-    "file",
-    "conn_id",
-    "dir",
-    "ts",
-    "type",
-    "name",
-    "vbucket",
-    "status_name",
-    "problems",
-)
-
-
 def _report(
     p: Pipeline, out: str, t: Any, picked: Any, rows: list[dict[str, Any]], res: dict[str, Any], *, num: Any, sampled: bool, max_items: int
 ) -> str:
@@ -334,16 +318,18 @@ def _local(spark: Any, out: str) -> bool:
 
 def _named_rows(spark: Any, out: str, frames: list[int]) -> pa.Table:
     """The rows of ``frames`` (frame numbers) in the frames table just written: read by the driver where it can, else by Spark."""
+    from ..views.report import FRAME_COLUMNS as REPORT_COLUMNS  # the columns the report reads
+
     if _local(spark, out):
         import pyarrow.dataset as ds
 
         data = ds.dataset(f"{out}/frames", format="parquet")
-        cols = [c for c in _REPORT_COLUMNS if c in data.schema.names]
+        cols = [c for c in REPORT_COLUMNS if c in data.schema.names]
         return data.to_table(columns=cols, filter=ds.field("frame").isin(frames))
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(f"{out}/frames")
-    cols = [c for c in _REPORT_COLUMNS if c in df.columns]
+    cols = [c for c in REPORT_COLUMNS if c in df.columns]
     return df.where(F.col("frame").isin(frames)).select(*cols).toArrow()
 
 

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from clirun import run
 from paths import THIRD_PARTY
 
-from dcpinspect.cli.main import main
 from dcpinspect.tables.columns import COLUMN_NAMES, JSON_COLUMNS
 
 STATS = THIRD_PARTY / "packetbeat_memcache_bin_tcp_stats.pcap"
 COUNTER = THIRD_PARTY / "packetbeat_memcache_bin_tcp_counter_ops.pcap"
 pytestmark = [pytest.mark.shared, pytest.mark.skipif(not THIRD_PARTY.is_dir(), reason="../shared/captures/third-party is absent")]
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def test_frames_json_lines() -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import run
 from paths import ROOT
 
 from dcpinspect import encode
@@ -16,12 +17,6 @@ from dcpinspect.cli.decode import parse_hex
 from dcpinspect.cli.main import main
 from dcpinspect.protocol.enums import Magic, Opcode
 from dcpinspect.wire.examples import example
-
-
-def run(*argv: str, stdin: str = "") -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(stdin))
-    return code, out.getvalue()
 
 
 @pytest.mark.parametrize(

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import struct
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from clirun import run
 from paths import CAPTURES
 
-from dcpinspect.cli.main import main
 from dcpinspect.tables.columns import COLUMN_NAMES
 
 GOOD = CAPTURES / "dcp-session.pcap"
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def _empty_pcap(path: Path) -> Path:

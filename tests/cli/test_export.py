@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
+from clirun import run
 from paths import CAPTURES, THIRD_PARTY
 from tshark import TSHARK, needs_tshark, tshark_frames
 
 from dcpinspect.capture.pcapfile import CaptureReader
 from dcpinspect.capture.pcapwrite import PacketSelection
-from dcpinspect.cli.main import main
 from dcpinspect.flows.reassembly import Segment
 
 SESSION = CAPTURES / "dcp-session.pcap"
 MULTI = CAPTURES / "live-stream-ends.pcap"  # three connections
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def frames_json(*argv: str) -> list[dict[str, object]]:

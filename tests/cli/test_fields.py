@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
+from clirun import run
 from paths import CAPTURES
 
-from dcpinspect.cli.main import main
 from dcpinspect.tables.columns import FRAME_COLUMNS
 from dcpinspect.tables.fields import FIELD_TABLES, TIMELINE_COLUMNS, fields
 from dcpinspect.tables.filter import FILTER_FUNCTIONS
 from dcpinspect.tables.timeline import timeline_frames
 from dcpinspect.tables.timeline_feed import read_timeline
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def test_every_frames_column_is_listed_with_its_type_and_meaning() -> None:

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import io
 import string
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from clirun import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paths import CAPTURES
 
-from dcpinspect.cli.main import main
 from dcpinspect.tables.columns import FRAME_COLUMNS
 from dcpinspect.tables.export import frames_table
 from dcpinspect.tables.filter import FilterError, compile_filter
 
 MESSY = CAPTURES / "messy.pcap"
 RETRY = CAPTURES / "seed-000-rollback-retry.pcap"
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def rows_of(text: str, table: pa.Table) -> list[int]:

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
+from clirun import run
 from paths import CAPTURES, THIRD_PARTY
 
 from dcpinspect.capture.read import read_records
 from dcpinspect.cli.follow import hex_lines, parse_stream
-from dcpinspect.cli.main import main
 
 IDS = CAPTURES / "live-stream-ids.pcap"
 RETRY = CAPTURES / "live-rollback-retry.pcap"
 MULTI = CAPTURES / "live-stream-ends.pcap"
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def name_of(line: str) -> str:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pandas as pd
 import pytest
+from clirun import run
 from paths import CAPTURES, THIRD_PARTY
 
-from dcpinspect.cli.main import main
 from dcpinspect.tables.export import frames_df
 from dcpinspect.tables.stats import TABLES, conversations, response_times, status_counts, vbucket_progress
 from dcpinspect.tables.timeline_feed import read_timeline
@@ -17,12 +16,6 @@ from dcpinspect.timeline.model import Attempt, Item, Snapshot, Stream, Timeline
 
 SESSION = CAPTURES / "dcp-session.pcap"
 RETRY = CAPTURES / "live-rollback-retry.pcap"
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def _frame(**rows: list[object]) -> pd.DataFrame:

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import io
 import itertools
 from datetime import UTC, datetime
 
 import pytest
+from clirun import run
 from paths import CAPTURES
 
-from dcpinspect.cli.main import main
 from dcpinspect.cli.output import TIME_FORMATS, Clock, seconds_text, utc_text
 
 RETRY = CAPTURES / "seed-000-rollback-retry.pcap"
 MESSY = CAPTURES / "messy.pcap"
 NS = 1_000_000_000
-
-
-def run(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out, stdin=io.StringIO(""))
-    return code, out.getvalue()
 
 
 def times(out: str, mode: str) -> dict[int, str]:

@@ -11,6 +11,7 @@ task holds, however small its windows.
 
 from __future__ import annotations
 
+import gzip
 import struct
 from collections import Counter
 from pathlib import Path
@@ -231,6 +232,14 @@ def test_tasks_number_capture_sets_as_the_single_process(tmp_path: Path, capture
         assert check_tasks(paths, tasks, rows=13, capture_sets=capture_sets) > 80
     t = frames_table(paths, capture_sets=capture_sets)
     assert len(set(t.column("capture_set").to_pylist())) == (2 if capture_sets == "auto" else 4)
+
+
+def test_tasks_read_a_gzipped_capture_as_the_single_process(tmp_path: Path) -> None:
+    """A .pcap.gz is one range; the tasks read its payloads at offsets into the decompressed bytes, as the reader does."""
+    w = write_capture(tmp_path / "c.pcap", _conns(3), mss=300, reorder=[5], drop=[12])
+    gz = tmp_path / "c.pcap.gz"
+    gz.write_bytes(gzip.compress(w.path.read_bytes()))
+    assert check_tasks([str(gz)], 2) > 50
 
 
 def test_a_connection_with_no_rows_keeps_its_id(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -172,3 +174,38 @@ class ManualBackground:
 def manual() -> ManualBackground:
     """A Background the test runs by hand."""
     return ManualBackground()
+
+
+# --- the browser tests' chromium --------------------------------------------------------------
+BROWSER_START = 60_000  # ms chromium may take to start: generous, only reached when something is broken
+
+
+def chromium_path() -> str | None:
+    for candidate in (os.environ.get("DCPINSPECT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Debian chromium through Playwright (never a downloaded browser)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("no chromium at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
+    args = ["--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"]
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")  # chromium refuses to run its sandbox as root
+    pw = sync_api.sync_playwright().start()
+    try:
+        try:
+            b = pw.chromium.launch(executable_path=exe, headless=True, args=args, timeout=BROWSER_START)
+        except Exception as exc:
+            pytest.skip(f"chromium at {exe} did not start: {exc}")
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        pw.stop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -41,13 +40,6 @@ LOCAL = re.compile(r"^(https?|wss?)://127\.0\.0\.1:\d+/")
 EXPLORER = ".dcpinspect-explorer"
 FRAMES = f"{EXPLORER} .widget-select select"
 PRE = f"{EXPLORER} .dcpinspect-annotation pre"
-
-
-def chromium_path() -> str | None:
-    for candidate in (os.environ.get("DCPINSPECT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 # --- the capture with HTML in a key ---------------------------------------------------------
@@ -213,30 +205,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             proc.wait(10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # kernels that outlived the server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Debian chromium through Playwright (never a downloaded browser)."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
-    exe = chromium_path()
-    if exe is None:
-        pytest.skip("no chromium at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
-    args = ["--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"]
-    if os.geteuid() == 0:
-        args.append("--no-sandbox")  # chromium refuses to run its sandbox as root
-    pw = sync_api.sync_playwright().start()
-    try:
-        try:
-            b = pw.chromium.launch(executable_path=exe, headless=True, args=args, timeout=WAIT)
-        except Exception as exc:
-            pytest.skip(f"chromium at {exe} did not start: {exc}")
-        try:
-            yield b
-        finally:
-            b.close()
-    finally:
-        pw.stop()
 
 
 @dataclass

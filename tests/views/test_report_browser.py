@@ -10,9 +10,6 @@ frame row, and a set that shows only some of its streams says so.  Skipped
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +25,6 @@ WAIT = 60_000  # ms: generous, only reached when something is broken
 SHOT = Path("/tmp/dcpinspect-report.png")
 MIN_PLOT = (300, 170)  # px: a stream plot smaller than this is not readable
 FEW = 2  # stream plots per set in the subset page
-
-
-def chromium_path() -> str | None:
-    for candidate in (os.environ.get("DCPINSPECT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Debian chromium through Playwright (never a downloaded browser)."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
-    exe = chromium_path()
-    if exe is None:
-        pytest.skip("no chromium at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
-    args = ["--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"]
-    if os.geteuid() == 0:
-        args.append("--no-sandbox")  # chromium refuses to run its sandbox as root
-    pw = sync_api.sync_playwright().start()
-    try:
-        try:
-            b = pw.chromium.launch(executable_path=exe, headless=True, args=args, timeout=WAIT)
-        except Exception as exc:
-            pytest.skip(f"chromium at {exe} did not start: {exc}")
-        try:
-            yield b
-        finally:
-            b.close()
-    finally:
-        pw.stop()
 
 
 CAPTURE_FILES = sorted(str(p) for p in CAPTURES.glob("*.pcap"))
