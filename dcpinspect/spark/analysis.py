@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .numbering import DEFAULT_OPTIONS, Options
+from .numbering import DEFAULT_OPTIONS, Numbering, Options
 from .pipeline import Pipeline
 from .session import filesystem
 from .stages import DEFAULT_SPLIT_SIZE, STATUS_NAMES, status_table
@@ -30,6 +30,7 @@ __all__ = [
     "arrow_for_spark",
     "finish_output",
     "prepare_output",
+    "unheld_connections",
 ]
 
 
@@ -253,6 +254,9 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
     t = p.timeline(max_items=max_items)
     lap("timelines merged")
     tables = p.timeline_tables(max_items=max_items)
+    unheld = unheld_connections(num, t, dict(zip(p.paths, p.file_set, strict=True)))
+    if unheld and "connections" in tables:
+        tables["connections"] = _with_unheld(tables["connections"], unheld)
     for name, df in tables.items():
         if name in TIMELINE_TABLES:
             _write_small(p.spark, out, name, arrow_for_spark(df))
@@ -267,37 +271,76 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
         "timings": lap.timings,
     }
     if report:
-        page = _report(p, out, t, picked, rows, res, num=num, sampled=n > _SAMPLED, max_items=max_items)
+        page = _report(p, out, t, picked, rows, res, unheld=unheld, sampled=n > _SAMPLED, max_items=max_items)
         _write_text(f"{out}/report.html", page)
         lap("report")
     return res
 
 
+def unheld_connections(num: Numbering, t: Any, file_set: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The connections numbered that the timeline ``t`` does not hold (TLS ones, those without memcached frames), as the report lists them.
+
+    Rows of ``conn``, ``capture_set``, ``file`` (of its first segment),
+    ``label`` and ``note`` - what
+    :func:`dcpinspect.views.report.report_from_captures` gives; ``file_set``
+    maps each file to its capture set.
+    """
+    places = num.places(file_set)
+    return [
+        {
+            "conn": c,
+            "capture_set": places.get(c, (1, ""))[0],
+            "file": places.get(c, (1, ""))[1],
+            "label": label,
+            "note": "TLS: not decoded" if c in num.tls else "no memcached frames decoded",
+        }
+        for c, label in sorted(num.labels.items())
+        if c not in t.connections
+    ]
+
+
+def _with_unheld(df: Any, unheld: list[dict[str, Any]]) -> Any:
+    """The connections table with a row for each connection of ``unheld`` (its other columns null), in connection order."""
+    import pandas as pd
+
+    more = pd.DataFrame([{k: r[k] for k in ("conn", "capture_set", "file", "label")} for r in unheld])
+    if not len(df):
+        return more
+    # integers and flags stay so where the new rows have nulls (not float64)
+    nullable = {
+        k: "boolean" if d.kind == "b" else f"{'U' if d.kind == 'u' else ''}Int{d.itemsize * 8}"
+        for k, d in df.dtypes.items()
+        if d.kind in "iub"
+    }
+    df = df.astype(nullable)
+    both = pd.concat([df, more.astype({k: df[k].dtype for k in more.columns if k in df.columns})], ignore_index=True)
+    return both.sort_values("conn", kind="stable").reset_index(drop=True)
+
+
 def _report(
-    p: Pipeline, out: str, t: Any, picked: Any, rows: list[dict[str, Any]], res: dict[str, Any], *, num: Any, sampled: bool, max_items: int
+    p: Pipeline,
+    out: str,
+    t: Any,
+    picked: Any,
+    rows: list[dict[str, Any]],
+    res: dict[str, Any],
+    *,
+    unheld: list[dict[str, Any]],
+    sampled: bool,
+    max_items: int,
 ) -> str:
     """``report.html`` (:func:`dcpinspect.views.report.render_report`) of the run.
 
     The frames the anomalies name and each set's first frame are read back
     from the frames table just written (one small job); every connection
-    numbered is listed, TLS ones too.
+    numbered is listed with its file and set, TLS ones too (``unheld``).
+    The sample of frames carries their numbers and sets, so a big run gets
+    its opcode plots per set too.
     """
     from ..views.report import named_frames, render_report
 
     wanted = sorted(set(named_frames(t)) | set((getattr(t, "set_first", None) or {}).values()))
     named = _named_rows(p.spark, out, wanted) if wanted else None
-    if (picked is None or "frame" not in picked.column_names) and not sampled and _local(p.spark, out):
-        # the sample says no frame numbers, so not which set each frame is in: a small table is read whole instead
-        import pyarrow.dataset as ds
-
-        data = ds.dataset(f"{out}/frames", format="parquet")
-        picked = data.to_table(columns=[c for c in ("frame", "capture_set", "set_frame", "ts", "type", "name") if c in data.schema.names])
-    labels = getattr(num, "labels", {}) or {}
-    extra_conns = [
-        {"conn": c, "label": label, "note": "no memcached frames decoded (TLS, or another protocol)"}
-        for c, label in sorted(labels.items())
-        if c not in t.connections
-    ]
     counts = {k: res[k] for k in _COUNTS}
     return render_report(
         t,
@@ -306,7 +349,7 @@ def _report(
         counts=counts,
         sampled=sampled,
         stream_items=p.stream_items(max_items=max_items),
-        connections=extra_conns,
+        connections=unheld,
         named=named,
     )
 

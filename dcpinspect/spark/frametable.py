@@ -31,6 +31,8 @@ __all__ = [
     "FLOW_OUT",
     "ITEMS_OUT",
     "RENUMBER_DDL",
+    "SAMPLE_COLUMNS",
+    "SAMPLE_SCHEMA",
     "TMP_ROWS",
     "TMP_SCHEMA",
     "ItemsOut",
@@ -203,7 +205,20 @@ def frames_numbered(data: Any, paths: list[str], numbering: Numbering, *, last: 
     return data.mapInArrow(run, FRAMES_DDL)
 
 
-RENUMBER_DDL = "index int, rows long, ts long, type string, name string"
+#: the renumbering job's output: (index, rows) per file written, and the report's sample of frames (index null)
+RENUMBER_DDL = "index int, rows long, ts long, type string, name string, frame long, capture_set int, set_frame long"
+#: a sample row of the frames (``ts`` in ns)
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("ts", pa.int64()),
+        ("type", pa.string()),
+        ("name", pa.string()),
+        ("frame", pa.int64()),
+        ("capture_set", pa.int32()),
+        ("set_frame", pa.int64()),
+    ]
+)
+SAMPLE_COLUMNS = tuple(SAMPLE_SCHEMA.names)
 
 
 def renumber_task(
@@ -216,9 +231,9 @@ def renumber_task(
 ) -> Iterator[pa.RecordBatch]:
     """Each temporary file (rows ``index``, ``path``, ``table``) -> ``outs[table]/part-<index>.parquet`` with the global numbers.
 
-    Yields (index, rows) per file, and with ``stride`` the ``ts`` (ns),
-    ``type`` and ``name`` of every ``stride``-th frame (a sample for the
-    report).  Items name their stream by its index in the merged timeline:
+    Yields (index, rows) per file, and with ``stride`` the
+    :data:`SAMPLE_COLUMNS` of every ``stride``-th frame (a sample for the
+    report: ``ts`` in ns, the frame's number, its capture set and number in it).  Items name their stream by its index in the merged timeline:
     ``streams`` maps the key of the record that created each stream to it.
     Items and flow samples carry their connection's capture set and file
     (``placed``: connection id -> both; set 1 and no file for one not in it).
@@ -228,7 +243,7 @@ def renumber_task(
     cks = np.array(sorted(numbering.conn_ids), np.int64)
     ids = np.array([numbering.conn_ids[c] for c in cks.tolist()], np.int32)
     where = {name: i for i, name in enumerate(SPARK_SCHEMA.names)}
-    schema = pa.schema([("index", pa.int32()), ("rows", pa.int64()), ("ts", pa.int64()), ("type", pa.string()), ("name", pa.string())])
+    schema = pa.schema([("index", pa.int32()), ("rows", pa.int64()), *SAMPLE_SCHEMA])
     schemas = {"frames": SPARK_SCHEMA, "items": ITEMS_OUT, "flow": FLOW_OUT}
     placed = placed or {}
     for batch in batches:
@@ -273,6 +288,7 @@ def renumber_task(
                                 ts,
                                 out.column("type").take(pick),
                                 out.column("name").take(pick),
+                                *(out.column(k).take(pick) for k in SAMPLE_COLUMNS[3:]),
                             ],
                             schema=schema,
                         )

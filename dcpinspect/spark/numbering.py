@@ -38,8 +38,8 @@ which gives exactly these keys (:attr:`~dcpinspect.tables.columnar.TablePart.key
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -344,7 +344,8 @@ class Keyed:
     :meth:`parts` decodes the task's segments (capture order) with the
     columnar path; each :class:`~dcpinspect.tables.columnar.TablePart` carries
     its rows' keys.  Once it is done, ``adopted`` maps every connection of the
-    task (by its id in ``stats.connections``) to its ``ck``, ``labels`` to its label.
+    task (by its id in ``stats.connections``) to its ``ck``, ``labels`` to its label,
+    ``files`` to the file of its first segment and ``tls`` to whether it is TLS.
     """
 
     def __init__(self, batches: Iterable[pa.RecordBatch], paths: list[str], last: CaptureEnd, options: Options) -> None:
@@ -353,6 +354,8 @@ class Keyed:
         self.stats = CaptureStats()
         self.adopted: dict[int, int] = {}
         self.labels: dict[int, str] = {}
+        self.files: dict[int, str] = {}
+        self.tls: dict[int, bool] = {}
         self._known: dict[int, int] = {}  # connection id -> ck, every connection (from the decode)
 
     def parts(self) -> Iterator[TablePart]:
@@ -387,10 +390,12 @@ class Keyed:
         )
 
     def _connections(self) -> None:
-        """Every connection of the task: its ``ck`` and label."""
+        """Every connection of the task: its ``ck``, label, first file and whether it is TLS."""
         for c in self.stats.connections:
             self.adopted[c.id] = self._known[c.id]
             self.labels[c.id] = c.label
+            self.files[c.id] = c.file
+            self.tls[c.id] = c.tls
 
 
 KEYS_DDL = "kind byte, k1 bigint, n bigint, label string, blob binary"
@@ -462,17 +467,39 @@ class Numbering:
     conn_ids: dict[int, int]  # ck -> connection id (1-based, single-process order)
     labels: dict[int, str]  # connection id -> label
     frames: int  # records in all
+    files: dict[int, str] = field(default_factory=dict)  # connection id -> the file of its first segment
+    tls: frozenset[int] = frozenset()  # the TLS connections' ids
 
     @classmethod
-    def from_rows(cls, k1: np.ndarray, n: np.ndarray, cks: list[int], labels: list[str]) -> Numbering:
-        """From the keys table's rows: records per ``k1`` (repeats add up), connections' ``ck`` and labels."""
+    def from_rows(
+        cls,
+        k1: np.ndarray,
+        n: np.ndarray,
+        cks: list[int],
+        labels: list[str],
+        files: list[str] | None = None,
+        tls: list[bool] | None = None,
+    ) -> Numbering:
+        """From the keys table's rows: records per ``k1`` (repeats add up), connections' ``ck``, labels, first files and TLS flags."""
         keys, inv = np.unique(k1, return_inverse=True)
         counts = np.zeros(len(keys), np.int64)
         np.add.at(counts, inv, n)
         base = np.cumsum(counts) - counts
         order = sorted(range(len(cks)), key=cks.__getitem__)
         conn_ids = {cks[j]: i + 1 for i, j in enumerate(order)}
-        return cls(keys, base, conn_ids, {i + 1: labels[j] for i, j in enumerate(order)}, int(counts.sum()))
+        return cls(
+            keys,
+            base,
+            conn_ids,
+            {i + 1: labels[j] for i, j in enumerate(order)},
+            int(counts.sum()),
+            {i + 1: files[j] for i, j in enumerate(order)} if files is not None else {},
+            frozenset(i + 1 for i, j in enumerate(order) if tls is not None and tls[j]),
+        )
+
+    def places(self, file_set: Mapping[str, int]) -> dict[int, tuple[int, str]]:
+        """Connection id -> (its capture set, the file of its first segment), every connection (``file_set``: file -> set; set 1 for a file not in it)."""
+        return {c: (file_set.get(f, 1), f) for c, f in self.files.items()}
 
     def set_first(self, sets: int) -> dict[int, int]:
         """The number of each capture set's first frame (sets ``1..sets``; keys of the run, :func:`~dcpinspect.tables.columnar.set_keys`)."""

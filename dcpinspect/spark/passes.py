@@ -32,13 +32,13 @@ import pyarrow.compute as pc
 from ..flows.records import gc_paused
 from ..tables.schema import SPARK_SCHEMA
 from ..timeline.merge import ConnPart
-from .frametable import FLOW_OUT, ITEMS_OUT, RENUMBER_DDL, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
+from .frametable import FLOW_OUT, ITEMS_OUT, RENUMBER_DDL, SAMPLE_COLUMNS, SAMPLE_SCHEMA, TMP_SCHEMA, TmpFrames, renumber_task, spark_batch
 from .numbering import DEFAULT_OPTIONS, KEYS_DDL, KSHIFT, CaptureEnd, Counts, Keyed, Numbering, Options, keys_batch, uncount
 from .session import filesystem
 from .stages import by_connection
 from .timelines import Parts
 
-__all__ = ["collect_keys", "connection_places", "keys_pass", "keys_task", "read_keys", "timelines", "write_frames"]
+__all__ = ["collect_keys", "connection_places", "file_sets_of", "keys_pass", "keys_task", "read_keys", "timelines", "write_frames"]
 
 _WRITTEN = {"frames": 3, "items": 5, "flow": 6}  # keys table kinds listing the temporary files of each table
 
@@ -55,6 +55,10 @@ def keys_task(
     items_to: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Stage 3a in one task: records per capture position (``kind`` 0, packed: see :class:`Counts`), connections (1), and with ``build`` timeline parts (2).
+
+    A connection's row (``kind`` 1) is its ``ck`` (``k1``), whether it is
+    TLS (``n``: 1 or 0), its label and the file of its first segment
+    (``blob``, UTF-8).
 
     With ``frames_to`` (a directory) it is stage 3 in one decode: the frames
     are written there too, with their keys in place of the numbers (see
@@ -82,7 +86,13 @@ def keys_task(
     adopted, labels = keyed.adopted, keyed.labels
     if adopted:
         ids = sorted(adopted)
-        yield keys_batch(1, [adopted[i] for i in ids], label=[labels[i] for i in ids])
+        yield keys_batch(
+            1,
+            [adopted[i] for i in ids],
+            [int(keyed.tls[i]) for i in ids],
+            label=[labels[i] for i in ids],
+            blob=[keyed.files[i].encode("utf-8", "surrogateescape") for i in ids],
+        )
     if parts is not None:
         for c, blob in parts.parts(max_items):
             yield keys_batch(2, [c], blob=[blob])
@@ -125,6 +135,8 @@ def read_keys(t: pa.Table) -> tuple[Numbering, list[ConnPart], dict[str, list[tu
     counts = kind == 0
     conns = np.flatnonzero(kind == 1)
     labels = t.column("label").take(pa.array(conns)).to_pylist()
+    files = [b.decode("utf-8", "surrogateescape") if b is not None else "" for b in t.column("blob").take(pa.array(conns)).to_pylist()]
+    tls = [bool(v) for v in t.column("n").take(pa.array(conns)).to_pylist()]
     packed = [uncount(m, b) for m, b in zip(k1[counts].tolist(), t.column("blob").filter(pa.array(counts)).to_pylist(), strict=True)]
     empty = np.zeros(0, np.int64)
     num = Numbering.from_rows(
@@ -132,6 +144,8 @@ def read_keys(t: pa.Table) -> tuple[Numbering, list[ConnPart], dict[str, list[tu
         np.concatenate([p[1] for p in packed]) if packed else empty,
         k1[conns].tolist(),
         labels,
+        files,
+        tls,
     )
     blobs = t.column("blob").filter(pa.array(kind == 2)).to_pylist()
     written = {}
@@ -179,8 +193,9 @@ def write_frames(
 
     Returns what :func:`collect_keys` returns for the keys pass (with
     ``build``, every connection's timeline part), and with ``sample`` the
-    ``ts`` (ns), ``type`` and ``name`` of at most that many frames, evenly
-    spaced (for the report).  With ``items_out`` (two directories; needs
+    ``ts`` (ns), ``type``, ``name``, ``frame``, ``capture_set`` and
+    ``set_frame`` of at most that many frames, evenly spaced (for the
+    report: its opcode plots per capture set).  With ``items_out`` (two directories; needs
     ``build`` and ``max_items``) the items and flow tables are written there
     the same way, every row, while the parts keep ``max_items`` items per
     stream.  The directories are local paths or any URIs ``pyarrow.fs`` opens
@@ -214,14 +229,21 @@ def write_frames(
     finally:
         _rmtree(tmp)
     if sample and picked is None:
-        picked = pa.table({"ts": pa.array([], pa.int64()), "type": pa.array([], pa.string()), "name": pa.array([], pa.string())})
+        picked = SAMPLE_SCHEMA.empty_table()
     return num, parts, picked
 
 
 def connection_places(parts: list[ConnPart], num: Numbering, paths: list[str], last: CaptureEnd) -> dict[int, tuple[int, str]]:
-    """Connection id -> (its capture set, the file of its first record), from the timeline parts."""
-    file_set = dict(zip(paths, last.file_set, strict=False)) if last.file_set else {}
-    return {num.conn_ids[p.ck]: (file_set.get(p.info.file, 1), p.info.file) for p in parts if p.ck in num.conn_ids}
+    """Connection id -> (its capture set, its file): every connection numbered (the file of its first segment), the timeline parts' file first."""
+    file_set = file_sets_of(paths, last)
+    placed = num.places(file_set)
+    placed.update({num.conn_ids[p.ck]: (file_set.get(p.info.file, 1), p.info.file) for p in parts if p.ck in num.conn_ids})
+    return placed
+
+
+def file_sets_of(paths: list[str], last: CaptureEnd) -> dict[str, int]:
+    """File -> its capture set (every file in set 1 without a plan)."""
+    return dict(zip(paths, last.file_set, strict=False)) if last.file_set else dict.fromkeys(paths, 1)
 
 
 def _renumber_files(
@@ -251,7 +273,7 @@ def _renumber_files(
         raise RuntimeError("the frames table was not written whole")
     if not sample:
         return None
-    return done.filter(pc.invert(written)).select(["ts", "type", "name"]).sort_by("ts")
+    return done.filter(pc.invert(written)).select(list(SAMPLE_COLUMNS)).sort_by("ts")
 
 
 def _commit(outs: dict[str, str], files: dict[str, list[tuple[str, int]]]) -> None:

@@ -23,13 +23,22 @@ and holds no Python object per row:
    (``pread``) and rebuilds its event; a table added without them (a
    DataFrame, a parquet file) has its captures re-read once, on demand.
 4. Per row, an index into the few distinct dissection contexts seen.
+5. **Pages let go.**  The pages of the spill file a scan read stay mapped
+   into the process (its resident set) until :meth:`FrameStore.forget_pages`
+   lets them go (``MADV_DONTNEED``: the bytes stay in the file and the page
+   cache, a later read maps them again); the explorer calls it after each
+   action, so the resident set holds what one action reads, not what every
+   action so far read.  :func:`release_heap` hands the allocators' free
+   memory back to the system (Arrow's pool, then glibc's ``malloc_trim``).
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -47,7 +56,7 @@ from ..tables.frames_vector import SCHEMA
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Frame, Gap, Garbage, Truncated
 
-__all__ = ["DICTIONARY_COLUMNS", "FrameStore", "compact_schema", "plain"]
+__all__ = ["DICTIONARY_COLUMNS", "FrameStore", "compact_schema", "plain", "release_heap"]
 
 #: text columns with few distinct values, held dictionary-encoded
 DICTIONARY_COLUMNS = frozenset(("file", "conn", "dir", "type", "name", "role", "status_name", "json_check"))
@@ -68,6 +77,26 @@ def compact_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
+_TRIM: list[Any] = []  # glibc's malloc_trim, or None: looked up once
+
+
+def release_heap() -> None:
+    """Give the allocators' free memory back to the system: Arrow's pool's, then the C heap's (``malloc_trim``, glibc only)."""
+    pa.default_memory_pool().release_unused()
+    if not _TRIM:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None).malloc_trim
+                fn.argtypes = [ctypes.c_size_t]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):  # not glibc
+                fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
 class _Nulls:
     """One all-null array per (type, length), shared by every all-null column of every batch."""
 
@@ -82,7 +111,7 @@ class _Nulls:
 
 
 _SEGMENT = 256 << 20  # bytes of the batch spill file mapped at once
-COALESCE_ROWS = 1 << 17  # rows gathered into one batch before it is spilled
+COALESCE_ROWS = 1 << 15  # rows gathered into one batch before it is spilled (held twice while merged: 8 MiB a batch at 1M frames)
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
 
@@ -105,6 +134,12 @@ class _BatchSpill:
         self._maps: list[tuple[int, mmap.mmap, pa.Buffer]] = []  # (start, map, its buffer)
         self._end = 0  # the end of the last segment
         self._at = 0  # the next free byte
+
+    def forget(self) -> None:
+        """Let the kernel unmap every page read so far (the data stays in the file; a later read maps it again)."""
+        for _start, m, _buf in self._maps:
+            if hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                m.madvise(mmap.MADV_DONTNEED)
 
     def put(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Write ``batch`` (straight to the file, no copy in memory) and read it back from the map."""
@@ -217,6 +252,12 @@ class FrameStore:
             self._unspilled = len(self._batches)
             self._table = None
         pa.default_memory_pool().release_unused()  # the merged copy, back to the system
+
+    def forget_pages(self) -> None:
+        """Drop the spill file's pages read so far from the process's resident set (rule 5; nothing changes for readers)."""
+        with self._lock:
+            if self._batch_spill is not None:
+                self._batch_spill.forget()
 
     def _write(self, data: bytes | memoryview) -> int:
         """Append ``data`` to the spill file; where it starts."""

@@ -1,9 +1,11 @@
 """Notebook widgets (ipywidgets 8): thin views over the models of :mod:`dcpinspect.views.explorer` and :mod:`dcpinspect.views.stepper`.
 
 * :func:`explore` - the explorer: filters and a display-filter box (its
-  error in one line beside it), a paged frame list, the selected frame's
-  annotation (grid and breakdown, the field under the pointer highlighted in
-  both), then, full width, a plot selector (every stream, or one; it follows
+  error in one line beside it), a paged frame list and beside it the selected
+  frame's annotation (grid and breakdown, the field under the pointer
+  highlighted in both) in a pane of the list's height that scrolls (on a
+  narrow page it wraps below the list), then, full width and so in the first
+  screen however long the frame, a plot selector (every stream, or one; it follows
   the selected frame), the stream's timeline and its vbucket's branch tree -
   drawn as wide as the page shows them (:class:`FigureImage` reports its
   width), a click on a point of either selects its frame - and a "jump to"
@@ -36,7 +38,7 @@ from .explorer import ExplorerModel
 from .labels import row_label
 from .stepper import StepperModel
 
-__all__ = ["ExplorerView", "FigureImage", "StepperView", "explore", "stepper"]
+__all__ = ["PANE_HEIGHT", "ExplorerView", "FigureImage", "StepperView", "explore", "stepper"]
 
 BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
 _ANY = ("any", None)
@@ -52,6 +54,10 @@ def _show_any(d: w.Dropdown) -> None:
     if d.value is None and d.options and d.index is None:
         d.index = 0
 
+
+#: the height of the frame list and of the annotation's scrolling pane beside it (the pictures start below them)
+PANE_HEIGHT = "380px"
+_NO_SELECTION = '<i style="color:#666">select a frame: its bytes and fields show here</i>'
 
 #: the frame list's labels are columns (frame number right-aligned, names, vbucket...): a fixed-width font lines them up
 _LIST_CSS = "<style>.dcpinspect-explorer .widget-select select{font-family:var(--jp-code-font-family,monospace);white-space:pre}</style>"
@@ -157,8 +163,13 @@ class ExplorerView(_Static, w.VBox):
         self.status = w.HTML()
         self.prev_btn = w.Button(description="◀ page", layout=w.Layout(width="90px"))
         self.next_btn = w.Button(description="page ▶", layout=w.Layout(width="90px"))
-        self.frames = w.Select(options=[], rows=min(model.page_size, 18), layout=w.Layout(width="98%"))
-        self.annotation = w.HTML()
+        # the list and the annotation side by side, each a fixed-height pane (the annotation scrolls in its own box), so the
+        # pictures below them are in the first screen whatever the frame's size; on a narrow page the annotation wraps below
+        self.frames = w.Select(
+            options=[], rows=min(model.page_size, 18), layout=w.Layout(height=PANE_HEIGHT, flex="1 1 420px", min_width="300px")
+        )
+        self.annotation = w.HTML(_NO_SELECTION, layout=w.Layout(height=PANE_HEIGHT, overflow="auto", flex="1 1 600px", min_width="300px"))
+        self.annotation.add_class("dcpinspect-annotation-pane")
         self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="45%"))
         self.show = w.Dropdown(description="plot", options=[_EVERY], layout=w.Layout(width="45%"))
         self.show.style.description_width = "55px"
@@ -166,7 +177,7 @@ class ExplorerView(_Static, w.VBox):
         self.branch_img = FigureImage(layout=w.Layout(display="none", width="100%"))
         full = w.Layout(width="100%")
         plots_box = w.VBox([w.HBox([self.show, self.jump], layout=full), self.stream_img, self.branch_img], layout=full)
-        self.annotation.layout = full
+        panes = w.HBox([self.frames, self.annotation], layout=w.Layout(width="100%", flex_flow="row wrap", align_items="flex-start"))
         super().__init__(
             [
                 w.HBox([self.conn, self.vbucket, self.stream, self.opcode, self.direction]),
@@ -174,8 +185,7 @@ class ExplorerView(_Static, w.VBox):
                 w.HBox([self.text, self.filter_msg]),
                 w.HBox([self.prev_btn, self.next_btn, self.status]),
                 w.HTML(_LIST_CSS, layout=w.Layout(display="none")),
-                self.frames,
-                self.annotation,
+                panes,
                 *([plots_box] if self.plots else []),
             ],
             layout=full,
@@ -239,7 +249,7 @@ class ExplorerView(_Static, w.VBox):
                 self.frames.options = [(row_label(r), r["frame"]) for r in rows]
                 self.frames.value = m.selected if any(r["frame"] == m.selected for r in rows) else None
             if what == "selection":
-                self.annotation.value = m.annotation_html()
+                self.annotation.value = m.annotation_html() or _NO_SELECTION
                 if any(v == m.selected for _l, v in self.frames.options):
                     self.frames.value = m.selected
             self.status.value = html.escape(m.summary()) + (f" <b>{html.escape(m.error)}</b>" if m.error else "")

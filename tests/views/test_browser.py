@@ -378,13 +378,14 @@ def test_select_frame_shows_grid_and_breakdown(tab: Tab, site: Site, tmp_path: P
     # a click on a point of the stream's timeline selects that point's frame
     wait_drawn_to_fit(page)
     img = page.locator(f"{EXPLORER} img.dcpinspect-figure").first
-    img.scroll_into_view_if_needed()  # below the annotation, full width: a click must land in the viewport
+    img.scroll_into_view_if_needed()  # a click must land in the viewport (the plot is in the first screen: no scroll)
     box = img.bounding_box()
     natural = img.evaluate("i => [i.naturalWidth, i.naturalHeight]")
     target, (px, py) = point_on_stream_plot(frame, natural[0])
     page.mouse.click(box["x"] + px * box["width"] / natural[0], box["y"] + py * box["height"] / natural[1])
     page.locator(f"{EXPLORER} .widget-html-content b", has_text=re.compile(f"^frame {target}$")).wait_for()
     assert pre.evaluate("e => e.textContent") == expected(BRANCHES, target)[0]
+    assert_plot_in_first_screen(page)
 
     shot = tmp_path / f"explorer-frame-{frame}.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -432,6 +433,18 @@ def test_wire_html_is_shown_as_text(tab: Tab, site: Site, tmp_path: Path) -> Non
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")  # let any handler have run
     assert tab.dialogs == []
     assert not tab.errors, tab.errors
+
+
+def assert_plot_in_first_screen(page: Any) -> None:
+    """The selected frame's annotation is longer than its pane (it scrolls there), and the stream plot is whole in the first screen."""
+    page.evaluate("() => { window.scrollTo(0, 0); for (const e of document.querySelectorAll('*')) if (e.scrollTop) e.scrollTop = 0; }")
+    pane = page.locator(f"{EXPLORER} .dcpinspect-annotation-pane")
+    content, shown = pane.evaluate("e => [e.scrollHeight, e.clientHeight]")
+    assert content > 1.5 * shown, (content, shown)  # a long annotation: without its own pane it would push the plot down
+    wait_drawn_to_fit(page)
+    img = page.locator(f"{EXPLORER} img.dcpinspect-figure").first
+    top, bottom, screen = img.evaluate("i => [i.getBoundingClientRect().top, i.getBoundingClientRect().bottom, window.innerHeight]")
+    assert top >= 0 and bottom <= screen, (top, bottom, screen)
 
 
 def wait_drawn_to_fit(page: Any) -> None:

@@ -442,3 +442,54 @@ def test_the_store_holds_the_table_compact_and_outside_the_heap(failover) -> Non
     assert m.store.table.equals(m.store.plain_table()) and m.store.table.schema.field("name").type == pa.string()
     again = ExplorerModel.open(m.store.compact, timeline=False)  # a compact table is taken as it is
     assert again.store.plain_table().equals(m.store.plain_table())
+
+
+def test_the_load_reads_and_spills_in_bounded_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader parses READ_WINDOW bytes at a time and the store spills COALESCE_ROWS rows at a time: a load's peak memory is theirs, not the capture's."""
+    from dcpinspect.views import explorer, store
+
+    asked: list[dict] = []
+
+    def reading(paths, **kw):
+        asked.append(kw)
+        return read_parts(paths, **kw)
+
+    monkeypatch.setattr(explorer, "read_parts", reading)
+    monkeypatch.setattr(store, "COALESCE_ROWS", 40)
+    m = ExplorerModel()
+    m.load([BRANCHES], rows=10)
+    assert [kw["window"] for kw in asked] == [explorer.READ_WINDOW] and explorer.READ_WINDOW <= 4 << 20
+    sizes = [b.num_rows for b in m.store.compact.to_batches()]
+    assert len(sizes) >= 3 and max(sizes) < 40 + 10  # each spilled once COALESCE_ROWS rows are in, not at the end
+    assert m.store.plain_table().equals(frames_table([BRANCHES]))
+
+
+def _mapped_kib(lo: int, hi: int) -> int:
+    """KiB of the process's resident set in the mappings within [lo, hi) (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = lo <= start and end <= hi
+            elif inside and head == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_an_action_lets_the_pages_it_read_go() -> None:
+    """A filter reads the spill file's pages into the resident set; once the action is done they leave it (the data stays)."""
+    m = fresh()
+    spill = m.store._batch_spill
+    assert spill is not None
+    (_start, _map, buf), *_ = spill._maps
+    before = m.store.plain_table()
+    m.store.forget_pages()
+    assert _mapped_kib(buf.address, buf.address + buf.size) == 0
+    assert m.store.compact.column("key").to_pylist()  # read: the column's pages are mapped in
+    assert _mapped_kib(buf.address, buf.address + buf.size) > 0
+    m.set_filters(key="doc")  # an action: the view (here none) answers, then the pages go
+    assert _mapped_kib(buf.address, buf.address + buf.size) == 0
+    assert m.store.plain_table().equals(before)  # read again from the file: the same table

@@ -222,17 +222,21 @@ def test_the_theme_is_passed_to_the_model(theme: str, failover) -> None:
 
 
 def test_the_pictures_are_full_width_and_drawn_at_the_width_the_browser_reports(failover) -> None:
-    """Below the annotation, as wide as the explorer; drawn again at the reported width, so 10 pt text is read at 10 pt."""
+    """Below the list and the annotation, as wide as the explorer; drawn again at the reported width, so 10 pt text is read at 10 pt."""
     import io
 
     from PIL import Image
 
     from dcpinspect.views.explorer import PNG_WIDTH
-    from dcpinspect.views.widgets import ExplorerView
+    from dcpinspect.views.widgets import PANE_HEIGHT, ExplorerView
 
     v = ExplorerView(fresh(page_size=20))
     assert v.layout.width == "100%" and v.stream_img.layout.width == "100%" and v.branch_img.layout.width == "100%"
-    assert v.annotation.layout.width == "100%"
+    # the list and the annotation side by side in fixed-height panes (the annotation scrolls): the pictures follow in the first screen
+    assert v.frames.layout.height == v.annotation.layout.height == PANE_HEIGHT and v.annotation.layout.overflow == "auto"
+    panes = v.children.index(next(c for c in v.children if v.annotation in getattr(c, "children", ())))
+    assert v.frames in v.children[panes].children and v.children[panes + 1].children[1] is v.stream_img
+    assert "select a frame" in v.annotation.value
     v.model.select(failover.request)
     assert Image.open(io.BytesIO(v.stream_img.value)).size[0] == PNG_WIDTH  # until the browser says how wide it is
     v.stream_img.width = 1500  # what FigureImage's ResizeObserver reports
