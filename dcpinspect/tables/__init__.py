@@ -14,6 +14,12 @@ path can never disagree with the exact one (a differential test proves it row
 for row).  :mod:`.export` turns it into Arrow, pandas, parquet, CSV or JSON
 lines; :mod:`.timeline` turns a :class:`~dcpinspect.timeline.Timeline` into
 DataFrames (streams, attempts, snapshots, items, rollbacks, anomalies, flow).
+Each run's files are read set by set (:mod:`dcpinspect.capture.sets`): a
+row carries its ``capture_set`` and its ``set_frame``.  :mod:`.filter` is
+the one display-filter language over these columns (a vectorised mask and a
+per-row test, proven equal), :mod:`.fields` says what every column means,
+and :mod:`.stats` and :mod:`.follow` answer tshark's ``-z`` and "follow"
+questions from the same table.
 
 Rules:
 
