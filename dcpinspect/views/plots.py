@@ -485,7 +485,7 @@ def plot_flow(
     conn: int | None = None,
     ax: Axes | None = None,
     x: str = "time",
-    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | Clock | None = None,
     theme: str = "light",
     noops: bool = True,
 ) -> Figure:
@@ -556,7 +556,7 @@ def plot_noops(
     conn: int | None = None,
     ax: Axes | None = None,
     x: str = "time",
-    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+    clock: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | Clock | None = None,
     theme: str = "light",
 ) -> Figure:
     """Noop round trips (ms) per connection, with twice the noop interval (the late threshold) when known.

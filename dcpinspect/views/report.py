@@ -42,7 +42,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from ..flows.reassembly import TS_UNKNOWN
 from ..timeline import Stream, Timeline, stream_label
 from .report_html import STYLE, Cell, esc, figure_img, plural, table
 from .report_sets import SetPart, history_timeline, locate, split_sets
+
+if TYPE_CHECKING:
+    from .drawing import Clock
 
 __all__ = [
     "FRAME_COLUMNS",
@@ -498,7 +501,9 @@ class _Page:
             f"{plural(len(sub.connections), 'connection')} · {plural(len(sub.streams), 'stream')} · "
             f"{plural(len(sub.anomalies), 'anomaly', 'anomalies')}" + (f" · why one set: {esc(p.reason)}" if p.reason else "") + "</p>"
         )
-        clock = set_clock(p)
+        from .drawing import Clock
+
+        clock = Clock(set_clock(p), "time")  # converted once: every plot of the set reads it
         up = "<a class='up' href='#contents'>contents ↑</a>"
         out = [f"<section class='set' id='set-{p.number}'><h2>{esc(self.set_title(p))}{up}</h2>", meta]
         out.append(f"<h3 id='set-{p.number}-anomalies'>Anomalies</h3>" + self._anomalies(p))
@@ -527,7 +532,7 @@ class _Page:
             more="in the anomalies table",
         )
 
-    def _activity(self, p: SetPart, frames: Any, clock: dict[int, int], sampled: bool) -> str:
+    def _activity(self, p: SetPart, frames: Any, clock: Clock, sampled: bool) -> str:
         from .plots import plot_flow, plot_noops, plot_opcodes
 
         sub = p.timeline
@@ -552,7 +557,7 @@ class _Page:
         sample = "<p class='note'>Frames per opcode from a sample of the frames table.</p>" if sampled else ""
         return f"<div class='pair'>{''.join(figs)}</div>{sample}{note}"
 
-    def _streams(self, p: SetPart, clock: dict[int, int]) -> str:
+    def _streams(self, p: SetPart, clock: Clock) -> str:
         from .plots import pick_streams
 
         sub = p.timeline
@@ -580,7 +585,7 @@ class _Page:
             out += table(_STREAM_HEADER, (self._stream_row(p, k, items) for k in rest), limit=MAX_ROWS, more="in the streams table")
         return out
 
-    def _stream_cell(self, p: SetPart, k: int, items: Mapping[int, int], clock: dict[int, int]) -> str:
+    def _stream_cell(self, p: SetPart, k: int, items: Mapping[int, int], clock: Clock) -> str:
         s = p.timeline.streams[k]
         i = p.streams[k]
         rollbacks = sum(a.outcome == "rollback" for a in s.attempts)
@@ -712,12 +717,14 @@ def set_clock(p: SetPart) -> dict[int, int]:
     return known
 
 
-def stream_figure(p: SetPart, k: int, clock: Mapping[int, int] | None = None) -> Any:
+def stream_figure(p: SetPart, k: int, clock: Mapping[int, int] | Clock | None = None) -> Any:
     """The small plot of stream ``k`` of set ``p`` (an index into ``p.timeline.streams``): its own seqno scale, time since the set's start."""
-    return _stream_figure(p.timeline, k, p.timeline.streams[k], dict(clock) if clock is not None else set_clock(p))
+    from .drawing import Clock
+
+    return _stream_figure(p.timeline, k, p.timeline.streams[k], Clock(clock if clock is not None else set_clock(p), "time"))
 
 
-def _stream_figure(t: Timeline, k: int, s: Stream, clock: dict[int, int]) -> Any:
+def _stream_figure(t: Timeline, k: int, s: Stream, clock: Clock) -> Any:
     from matplotlib.ticker import MaxNLocator
 
     from .plots import plot_seqnos

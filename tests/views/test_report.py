@@ -191,3 +191,21 @@ def test_a_timeline_without_sets_is_one_set() -> None:
     assert "id='set-1'" in html and "id='set-2'" not in html
     assert "&lt;b&gt;bad&lt;/b&gt;" in html and "<b>bad</b>" not in html
     assert "href='#frame-3'" in html and "id='frame-3'" in html
+
+
+def test_each_sets_clock_is_converted_once_for_all_its_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream plots, flow and noops of a set share one clock: its frame/time arrays are built once, not once per plot."""
+    from dcpinspect.views import drawing
+
+    made: list[int] = []
+    init = drawing.Clock.__init__
+
+    def counting(self, known, x) -> None:  # type: ignore[no-untyped-def]
+        init(self, known, x)
+        made.append(self.conversions)
+
+    monkeypatch.setattr(drawing.Clock, "__init__", counting)
+    paths = [str(CAPTURES / "live-stream-ends.pcap"), str(CAPTURES / "live-stream-ids.pcap")]
+    page = report.report_from_captures(paths)
+    assert page.count("class='stream'") + page.count('class="stream"') >= 4  # several stream plots per set were drawn
+    assert len(made) > 4 and sum(made) == 2  # one conversion per capture set
