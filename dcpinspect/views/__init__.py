@@ -28,6 +28,9 @@ model under a thin widget:
   matplotlib figures of a timeline, bounded whatever the capture's size, and
   one self-contained HTML page of an analysis.
 * :mod:`.labels` - a seqno and a frame list entry as text.
+* :mod:`.exercises` - :class:`~.exercises.Exercises`, the teaching notebooks'
+  predict-then-check questions: a stored answer that disagrees with what the
+  notebook's own cells observed fails the run.
 
 A model tells its listeners what changed (``rows``, ``filters``, ``page``,
 ``selection``; ``position`` for the stepper); a widget redraws from the model
