@@ -1,7 +1,8 @@
 """The generated protocol reference: every opcode's layout, straight from the table.
 
 ``reference_rows()`` gives one plain dict per (command, role, variant, field)
-with its section, offset and size; ``reference_markdown()`` renders them as
+with its section, offset and size, and for a DCP request whether its receiver
+replies (``reply``, from :data:`~dcpinspect.protocol.rules.REPLIES`); ``reference_markdown()`` renders them as
 the ``REFERENCE.md`` shipped with the project (a test keeps that file current);
 ``dcpinspect.tables.export.reference_frame()`` is the same rows as a DataFrame.
 """
@@ -12,10 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import spec
+from .enums import Opcode
 from .fields import ENUM, FLAGS, Field, Group, Variant
+from .rules import REPLIES
 from .upr import UPR_BODIES, UPR_HEADER, UPR_OPCODES
 
-__all__ = ["reference_markdown", "reference_rows"]
+__all__ = ["reference_markdown", "reference_rows", "reply_of"]
 
 
 def _row(section: str, field: str, label: str, offset: object, size: object, kind: str, values: str = "", doc: str = "") -> dict[str, Any]:
@@ -74,15 +77,25 @@ def _variant_rows(v: Variant) -> Iterator[dict[str, Any]]:
         yield _row("value", "value", v.value_label, 0, "rest", v.value, ", ".join(v.json_keys) if v.json_keys else "", "")
 
 
+def reply_of(op: int) -> str:
+    """Whether the receiver of a DCP request answers it, in words (``""`` for an opcode outside DCP)."""
+    try:
+        return REPLIES.get(Opcode(op), "")
+    except ValueError:  # not an opcode of the table
+        return ""
+
+
 def reference_rows() -> list[dict[str, Any]]:
-    """One row per (command, role, variant, field) of the mcbp and upr tables."""
+    """One row per (command, role, variant, field) of the mcbp and upr tables; ``reply`` is set on DCP requests."""
     rows: list[dict[str, Any]] = []
     for op in sorted(spec.COMMANDS):
         cmd = spec.COMMANDS[op]
         for role, variants in (("request", cmd.request), ("response", cmd.response or (spec.STATUS_ONLY,))):
+            reply = reply_of(op) if role == "request" else ""
             for v in variants:
                 when = ", ".join(f"{k}={w}" for k, w in v.when)
                 base = {"dialect": "mcbp", "opcode": f"0x{op:02x}", "name": cmd.name, "role": role, "variant": v.name, "when": when}
+                base["reply"] = reply
                 rules = []
                 if v.cas:
                     rules.append(f"CAS {v.cas}")
@@ -105,6 +118,7 @@ def reference_rows() -> list[dict[str, Any]]:
                 "variant": v.name,
                 "when": ", ".join(f"{k}={w}" for k, w in v.when),
                 "rules": "",
+                "reply": "",
             }
             for r in (
                 _section_rows("body", v.value, 12)
@@ -157,7 +171,17 @@ def reference_markdown() -> str:
         ("DCP_CONTROL keys", dict(spec.CONTROL_KEYS)),
     ):
         lines += [f"## {title}", "", *_md_table(["code", "name"], [[k, v] for k, v in table.items()]), ""]
-    lines += ["## Commands", ""]
+    lines += [
+        "## Does the receiver reply? (DCP)",
+        "",
+        "Whether the receiver of each DCP request answers it with a response: most of the",
+        "producer's stream messages are never answered when all goes well.",
+        "",
+        *_md_table(["opcode", "name", "reply?"], [[f"0x{int(op):02x}", op.name, text] for op, text in sorted(REPLIES.items())]),
+        "",
+        "## Commands",
+        "",
+    ]
     current = None
     for r in reference_rows():
         head = (
@@ -171,6 +195,8 @@ def reference_markdown() -> str:
             lines += [head, ""]
             if r["rules"]:
                 lines += [f"Rules: {r['rules']}.", ""]
+            if r["reply"]:
+                lines += [f"Reply: {r['reply']}.", ""]
             lines += ["| section | offset | size | label | field | values |", "|---|---|---|---|---|---|"]
             current = head
         lines.append(

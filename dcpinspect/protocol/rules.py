@@ -13,6 +13,8 @@
 6. ``KEY_SPACES`` and ``DUPLICATES_ALLOWED`` are the dedup rule: within one
    snapshot a key appears once per key space, unless its marker carries one
    of those flags.
+7. ``REPLIES`` says, per DCP opcode, whether the receiver of the request
+   answers it: most stream messages are never answered on success.
 
 >>> rollback_decision(start=3, snap_start=1, snap_end=4, vb_uuid=1111, failover_log=[(2222, 3), (1111, 0)], high_seqno=10, purge_seqno=0)
 RollbackDecision(rollback=True, seqno=1, reason='history diverged at seqno 3 (uuid 0x0000000000000457 superseded); rollback to min(upper=3, snap_start=1)')
@@ -33,6 +35,7 @@ __all__ = [
     "DUPLICATES_ALLOWED",
     "KEY_SPACES",
     "MAX_SEQNO",
+    "REPLIES",
     "STREAM_ID_MESSAGES",
     "RollbackDecision",
     "client_purge_seqno",
@@ -190,7 +193,42 @@ def rollback_decision(
     if s == se:  # step 7
         ss = s
     seqno = upper if upper < ss else ss  # step 8
-    why = "high seqno" if upper == high_seqno and oldest_first[-1][0] == u else "history diverged"
-    return RollbackDecision(
-        True, seqno, f"{why} at seqno {upper} (uuid 0x{u:016x} superseded); rollback to min(upper={upper}, snap_start={ss})"
-    )
+    if upper == high_seqno and oldest_first[-1][0] == u:  # the newest branch: the producer has less than the client
+        why = f"snapshot end {se} beyond the high seqno {upper} of the newest branch (uuid 0x{u:016x})"
+    else:
+        why = f"history diverged at seqno {upper} (uuid 0x{u:016x} superseded)"
+    return RollbackDecision(True, seqno, f"{why}; rollback to min(upper={upper}, snap_start={ss})")
+
+
+# --- replies: whether the receiver answers each DCP request -------------------------------------------------------
+
+#: DCP opcode -> whether the receiver of the request answers it with a response (magic 0x81), in words (kv_engine's
+#: docs/dcp/documentation/commands/*.md, daemon/mcbp_validators.cc).  "errors only": nothing on success; the command's
+#: doc says the receiver answers a failure.  The producer's stream messages are not answered, except a marker with the
+#: Ack flag (takeover), DCP_SET_VBUCKET_STATE (the producer waits for it) and DCP_NOOP (the reply is mandatory).
+REPLIES: Mapping[Opcode, str] = {
+    Opcode.DCP_OPEN: "yes, status only",
+    Opcode.DCP_ADD_STREAM: "yes, with the stream's opaque in its extras",
+    Opcode.DCP_CLOSE_STREAM: "yes, status only",
+    Opcode.DCP_STREAM_REQ: "yes: the failover log, or the rollback seqno",
+    Opcode.DCP_GET_FAILOVER_LOG: "yes: the failover log",
+    Opcode.DCP_STREAM_END: "no (errors only)",
+    Opcode.DCP_SNAPSHOT_MARKER: "only if the Ack flag is set",
+    Opcode.DCP_MUTATION: "no (errors only)",
+    Opcode.DCP_DELETION: "no",
+    Opcode.DCP_EXPIRATION: "no",
+    Opcode.DCP_FLUSH: "never sent (obsolete since 3.0)",
+    Opcode.DCP_SET_VBUCKET_STATE: "yes (the producer waits for it)",
+    Opcode.DCP_NOOP: "yes, mandatory",
+    Opcode.DCP_BUFFER_ACKNOWLEDGEMENT: "no",
+    Opcode.DCP_CONTROL: "yes, status only",
+    Opcode.DCP_SYSTEM_EVENT: "no",
+    Opcode.DCP_PREPARE: "no",
+    Opcode.DCP_SEQNO_ACKNOWLEDGED: "no (errors only)",
+    Opcode.DCP_COMMIT: "no",
+    Opcode.DCP_ABORT: "no",
+    Opcode.DCP_SEQNO_ADVANCED: "no",
+    Opcode.DCP_OSO_SNAPSHOT: "no",
+    Opcode.DCP_CACHE_TRANSFER: "no",
+    Opcode.DCP_CACHE_TRANSFER_END: "no",
+}

@@ -29,6 +29,7 @@ __all__ = [
     "OutputError",
     "arrow_schema",
     "csv_table",
+    "flow_control_frame",
     "frame_counts",
     "frame_rows",
     "frames_df",
@@ -204,8 +205,55 @@ class FramesWriter:
             raise OutputError(f"cannot write {self.path}: {_why(exc)}") from None
 
 
+def flow_control_frame() -> pd.DataFrame:
+    """What each DCP message costs the producer's flow-control window, one row per message and variant.
+
+    Computed, not typed: each frame is built by :func:`~dcpinspect.wire.encode.encode`
+    with an empty key and value and priced by
+    :func:`~dcpinspect.protocol.rules.flow_control_size` (kv_engine
+    docs/dcp/documentation/flow-control.md).  ``charged`` is the cost of that
+    frame and ``formula`` adds ``+ k`` / ``+ v`` where the key and value count
+    too; ``wire`` is its length, so ``charged - wire`` shows a prepare's 2 extra
+    bytes.  Every system event costs alike (one row).  The last rows are what
+    costs nothing: a noop and the responses to the consumer's own requests.
+    """
+    import pandas as pd
+
+    from ..protocol import spec
+    from ..protocol.enums import Opcode
+    from ..protocol.rules import flow_control_size
+    from ..protocol.session import STREAM_MESSAGES
+    from ..wire.encode import encode
+
+    def priced(name: str, variant: str | None = None, **kw: Any) -> tuple[int, int]:
+        raw = encode(name, variant=variant, **kw)
+        return flow_control_size(raw[0], raw[1], len(raw)), len(raw)
+
+    rows: list[dict[str, Any]] = []
+    for op in sorted(STREAM_MESSAGES):
+        cmd = spec.COMMANDS[op]
+        variants = cmd.request[:1] if op == Opcode.DCP_SYSTEM_EVENT else cmd.request
+        for v in variants:
+            marker_v2 = op == Opcode.DCP_SNAPSHOT_MARKER and v.name != "v1"
+            charged, wire = priced(cmd.name, v.name or None, value={} if marker_v2 else None)
+            counts_value = v.value != "none" and op != Opcode.DCP_SNAPSHOT_MARKER  # a marker's value is fixed
+            formula = f"{charged}" + (" + k" if v.key != "none" else "") + (" + v" if counts_value else "")
+            variant = "any event" if op == Opcode.DCP_SYSTEM_EVENT else v.name
+            rows.append({"message": cmd.name, "variant": variant, "counted": True, "formula": formula, "charged": charged, "wire": wire})
+    for name, response in (("DCP_NOOP", False), ("DCP_STREAM_REQ", True), ("DCP_CONTROL", True)):
+        charged, wire = priced(name, response=response)
+        label = name + (" response" if response else "")
+        rows.append({"message": label, "variant": "", "counted": charged > 0, "formula": f"{charged}", "charged": charged, "wire": wire})
+    return pd.DataFrame(rows)
+
+
 def reference_frame(*, dialect: str | None = None) -> pd.DataFrame:
-    """Every opcode's layout (one row per command, role, variant and field) as a DataFrame."""
+    """Every opcode's layout (one row per command, role, variant and field) as a DataFrame.
+
+    ``reply`` says, on a DCP request's rows, whether its receiver answers it
+    (:data:`dcpinspect.protocol.rules.REPLIES`: e.g. a DCP_NOOP always, a
+    DCP_MUTATION only on an error, a DCP_SNAPSHOT_MARKER only with the Ack flag).
+    """
     import pandas as pd
 
     df = pd.DataFrame(reference_rows())

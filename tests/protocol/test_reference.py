@@ -8,7 +8,10 @@ import sys
 from paths import ROOT
 
 from dcpinspect.protocol import spec
-from dcpinspect.protocol.reference import reference_markdown, reference_rows
+from dcpinspect.protocol.enums import Opcode
+from dcpinspect.protocol.reference import reference_markdown, reference_rows, reply_of
+from dcpinspect.protocol.rules import REPLIES
+from dcpinspect.protocol.session import EXPECTS_RESPONSE, STREAM_MESSAGES
 from dcpinspect.tables.export import reference_frame
 
 
@@ -123,3 +126,37 @@ def test_core_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_every_dcp_opcode_has_a_reply_fact() -> None:
+    dcp = [op for op in Opcode if op.name.startswith("DCP_")]
+    assert [int(op) for op in dcp] == list(range(Opcode.DCP_OPEN, Opcode.DCP_CACHE_TRANSFER_END + 1))
+    assert set(REPLIES) == set(dcp)
+    assert all(isinstance(op, Opcode) and text.strip() for op, text in REPLIES.items())
+    # the facts the teaching notebooks lean on
+    assert REPLIES[Opcode.DCP_NOOP] == "yes, mandatory"
+    assert REPLIES[Opcode.DCP_MUTATION] == "no (errors only)"
+    assert REPLIES[Opcode.DCP_BUFFER_ACKNOWLEDGEMENT] == "no"
+    assert "Ack flag" in REPLIES[Opcode.DCP_SNAPSHOT_MARKER]
+    assert REPLIES[Opcode.DCP_SET_VBUCKET_STATE].startswith("yes")
+    # a request the session rules expect an answer to is one the reply fact says is answered
+    for op in EXPECTS_RESPONSE:
+        if op in REPLIES:
+            assert REPLIES[Opcode(op)].startswith("yes"), Opcode(op).name
+    for op in STREAM_MESSAGES - {int(Opcode.DCP_SNAPSHOT_MARKER), int(Opcode.DCP_SET_VBUCKET_STATE)}:
+        assert REPLIES[Opcode(op)].startswith("no"), Opcode(op).name
+
+
+def test_the_reply_column_in_the_frame_and_the_markdown() -> None:
+    df = reference_frame(dialect="mcbp")
+    requests = df[df["role"] == "request"].drop_duplicates("name").set_index("name")["reply"]
+    for op, text in REPLIES.items():
+        assert requests[op.name] == text
+    assert set(df[df["role"] == "response"]["reply"]) == {""}  # a response is never answered
+    assert requests["HELLO"] == "" and set(reference_frame(dialect="upr")["reply"]) == {""}
+    assert reply_of(0xFFFF) == ""
+    md = reference_markdown()
+    table = md[md.index("## Does the receiver reply? (DCP)") : md.index("## Commands")]
+    assert all(f"| 0x{int(op):02x} | {op.name} | {text} |" in table for op, text in REPLIES.items())
+    noop = md[md.index("### 0x5c DCP_NOOP request") :]
+    assert noop[: noop.index("###", 3)].count("Reply: yes, mandatory.") == 1
