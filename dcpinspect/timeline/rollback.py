@@ -44,11 +44,20 @@ from typing import Any
 from ..protocol.rules import MAX_SEQNO, client_purge_seqno, from_latest, rollback_decision
 from .model import Attempt, Branch, HistoryKey, Stream
 
-__all__ = ["FailoverHistory", "failover_log", "hex_uuid", "hex_uuids", "rollback_loop"]
+__all__ = ["UNEXPLAINED", "FailoverHistory", "explained", "failover_log", "hex_uuid", "hex_uuids", "rollback_loop"]
 
 _FIRST = itemgetter(0)
 Log = list[tuple[int, int]]  # (uuid, seqno), newest first
 Scope = tuple[int, int]  # (capture set, vbucket)
+
+
+#: how the explanation of a rollback starts when the rule, replayed on what was seen, does not (yet) give its seqno
+UNEXPLAINED = ("observed a rollback to", "cannot replay the rule")
+
+
+def explained(a: Attempt) -> bool:
+    """Whether ``a`` is a rollback the rule, replayed on what was seen, gives (its explanation does not start with :data:`UNEXPLAINED`)."""
+    return a.outcome == "rollback" and bool(a.explanation) and not a.explanation.startswith(UNEXPLAINED)
 
 
 def hex_uuid(uuid: int) -> str:
@@ -237,6 +246,13 @@ class FailoverHistory:
         bracket agrees.  The request goes through the rule as the producer
         takes it: a FromLatest request starts at the high seqno tried, and the
         client's purge seqno is its value's ``purge_seqno`` string.
+
+        A rollback the rule does not give is never left as a bare
+        contradiction: with only a log seen *before* it, the explanation
+        says it is not judged yet (the producer's log at that moment - after
+        a failover, a newer one - was not seen; a retry's success shows it)
+        and what the rule gives with the old log; with the producer's log
+        seen too, it says that the rule predicts something else.
         """
         h = self.history_of(s, a)
         before, after = h.around(a.response_frame or a.frame) if h is not None else ([], [])
@@ -257,6 +273,16 @@ class FailoverHistory:
             return
         results = [(self._replay(s, a, table, source, h), bool(source)) for table, source in candidates]
         (explanation, predicted, matched), later = next((r for r in results if r[0][2]), results[0])
+        if not matched:
+            observed = f"observed a rollback to {a.rollback_seqno}"
+            if before and not after:  # the producer's log at the rollback is not known yet: say so, judge nothing
+                explanation = (
+                    f"{observed}; not judged yet: the producer's failover log at that moment was not seen (a successful "
+                    f"retry returns it); the last one seen before is out of date if a new branch started since (a "
+                    f"failover), and with it {explanation}"
+                )
+            else:
+                explanation = f"{observed}, but {explanation}"
         a.explanation, a.predicted = explanation, predicted
         a.log_frame = after[0][0] if later else None
         if matched:
@@ -285,7 +311,12 @@ class FailoverHistory:
         return high, purge, seen
 
     def _replay(self, s: Stream, a: Attempt, table: Log, source: str, hist: _History) -> tuple[str, int | None, bool]:
-        """(explanation, predicted rollback seqno, whether the rule gives the observed seqno) for one failover log."""
+        """(explanation, predicted rollback seqno, whether the rule gives the observed seqno) for one failover log.
+
+        When the rule does not give the observed seqno the explanation is only
+        what the rule gives (``the rule predicts ...``): :meth:`explain` says
+        what was observed and why the two differ.
+        """
         high, purge, seen = self._inputs(s, hist)
         highs = [high[1]] if high else [max(seen, table[0][1]), MAX_SEQNO]
         client_purge = client_purge_seqno(a.value) or 0
@@ -327,7 +358,7 @@ class FailoverHistory:
             if matching:
                 return f"{reason}{source}", predicted, True
             what = f"predicts a rollback to {d.seqno}" if d.rollback else "predicts no rollback"
-            return f"observed a rollback to {observed}, but the rule {what} from what was seen: {reason}{source}", predicted, False
+            return f"the rule {what} from what was seen: {reason}{source}", predicted, False
         if matching and purge is None and all(p != 0 for _h, p, _d, _u in matching):
             return (
                 f"only a purge seqno above the start seqno {a.start} explains a rollback to {observed} "
@@ -343,8 +374,15 @@ class FailoverHistory:
                 None,
                 True,
             )
-        got = sorted({d.seqno for d in outcomes if d.rollback})
-        return f"observed a rollback to {observed}; the rule gives {got or 'no rollback'} for the unobserved inputs{source}", None, False
+        got = [f"a rollback to {q}" for q in sorted({d.seqno for d in outcomes if d.rollback})]
+        if any(not d.rollback for d in outcomes):
+            got.insert(0, "no rollback")
+        return (
+            f"the rule gives {' or '.join(got)}, never a rollback to {observed}, for every value tried of the inputs "
+            f"not observed (high seqno, purge seqno){source}",
+            None,
+            False,
+        )
 
     def parts(self) -> tuple[dict[int, list[Branch]], dict[int, list[tuple[int, Log]]], dict[HistoryKey, list[tuple[int, Log]]]]:
         """(vbucket -> its branches of every set and history, vbucket -> its logs, (set, vbucket, history) -> that history's logs).

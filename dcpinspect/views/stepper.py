@@ -22,6 +22,7 @@ from ..capture.read import read_records
 from ..flows.records import Record
 from ..protocol import spec
 from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
+from ..timeline.rollback import explained
 from ..wire.render import annotate, annotate_html
 from .labels import seqno_label
 
@@ -32,8 +33,11 @@ __all__ = ["Change", "Step", "StepperModel", "records_of"]
 class Change:
     """One thing a frame changed: a ``kind`` and a sentence.
 
-    Kinds: request, accepted, rollback, error, snapshot, item, end,
+    Kinds: request, accepted, rollback, judged, error, snapshot, item, end,
     failover-log, branch, ack, sent, stall, noop, anomaly, session.
+    ``judged``: an earlier rollback explained again, by what this frame
+    showed (the producer's failover log at the rollback, which only the
+    retry's success returns after a failover).
     """
 
     kind: str
@@ -71,6 +75,7 @@ class _StreamSig(NamedTuple):
     items: int
     ended: bool
     complete: bool | None  # the last snapshot's
+    judged: tuple[str, ...] = ()  # the explanation of each rollback, in order: a later frame may explain one again
 
 
 _NEW_STREAM = _StreamSig(0, None, 0, 0, False, None)
@@ -100,6 +105,7 @@ def _signature(t: Timeline) -> _Signature:
                 len(s.items),
                 s.end is not None,
                 s.snapshots[-1].complete if s.snapshots else None,
+                tuple(a.explanation for a in s.attempts if a.outcome == "rollback"),
             )
             for s in t.streams
         },
@@ -145,6 +151,30 @@ def _attempt_changes(label: str, s: Stream, old: _StreamSig, new: _StreamSig) ->
     return out
 
 
+def _judged_changes(label: str, s: Stream, old: _StreamSig, new: _StreamSig) -> list[Change]:
+    """An earlier rollback whose explanation this frame changed: what the rule gives now, and with which log."""
+    if old.judged == new.judged[: len(old.judged)]:
+        return []
+    out = []
+    rollbacks = [a for a in s.attempts if a.outcome == "rollback"]
+    for i, (was, now) in enumerate(zip(old.judged, new.judged, strict=False)):
+        if was == now:
+            continue
+        a = rollbacks[i]
+        retry = next((x for x in s.attempts if x.frame > a.frame), None)
+        log = "the failover log seen before it" if a.log_frame is None else f"the failover log of frame {a.log_frame}"
+        if retry is not None and a.log_frame is not None and retry.response_frame == a.log_frame:
+            log = f"the failover log the retry returned (frame {a.log_frame})"
+        if explained(a):
+            verdict = f"now judged: the rule gives {seqno_label(a.rollback_seqno)} with {log}"
+        else:
+            verdict = "judged again, still not what the rule gives"
+        out.append(
+            Change("judged", f"{label}: the rollback to seqno {seqno_label(a.rollback_seqno)} (frame {a.response_frame}) {verdict} - {now}")
+        )
+    return out
+
+
 def _snapshot_changes(label: str, s: Stream, old: _StreamSig, new: _StreamSig) -> list[Change]:
     if new.snapshots <= old.snapshots:
         return []
@@ -172,7 +202,7 @@ def _end_changes(label: str, s: Stream, old: _StreamSig, new: _StreamSig) -> lis
     return []
 
 
-_STREAM_DIFFERS = (_attempt_changes, _snapshot_changes, _item_changes, _end_changes)
+_STREAM_DIFFERS = (_attempt_changes, _judged_changes, _snapshot_changes, _item_changes, _end_changes)
 
 
 # --- the parts of the timeline: (signature before, after, timeline, changes so far) -> changes
