@@ -11,6 +11,7 @@ into the next, while frames and connections are numbered on across them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ def capture_segments(paths: Iterable[str], stats: CaptureStats, progress: Callab
 
 
 def read_records(
-    paths: Iterable[str],
+    paths: str | os.PathLike[str] | Iterable[str],
     *,
     server_ports: Iterable[int] = DEFAULT_SERVER_PORTS,
     detect: bool = True,
@@ -69,9 +70,12 @@ def read_records(
     ``capture_sets`` is ``auto`` (detect which files are one recording),
     ``one`` (every file one capture) or ``per-file``
     (:func:`~dcpinspect.capture.sets.plan_capture_sets`).  See
-    :func:`capture_segments` for what happens to unreadable files.
+    :func:`capture_segments` for what happens to unreadable files.  One path
+    may be given alone.
     """
     st = stats if stats is not None else CaptureStats()
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [os.fspath(paths)]
 
     def one(files: list[str], sub: CaptureStats, place: SetPlace) -> Iterator[Record]:
         segs = capture_segments(files, sub, progress)

@@ -369,7 +369,18 @@ def parse_vbuckets(text: str) -> tuple[int, ...]:
 
 #: the consumer events the client prints (without --json)
 _SHOWN = frozenset(
-    {"authenticated", "control_rejected", "cluster_map", "moved", "stream_started", "rollback", "stream_end", "stream_failed", "malformed"}
+    {
+        "authenticated",
+        "control_rejected",
+        "cluster_map",
+        "moved",
+        "stream_started",
+        "rollback",
+        "resume_reset",
+        "stream_end",
+        "stream_failed",
+        "malformed",
+    }
 )
 #: the consumer events that are DCP items (the progress line counts them per vbucket)
 ITEM_KINDS = frozenset({"mutation", "deletion", "expiration", "prepare", "commit", "abort", "system_event"})

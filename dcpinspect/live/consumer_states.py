@@ -153,7 +153,7 @@ class ConsumerEvent:
     lives on another node: ``data`` holds its :class:`~dcpinspect.live.consumer_streams.Handoff`),
     ``seqnos``, ``opened``, ``control``,
     ``control_rejected``, ``stream_requested``, ``stream_started``,
-    ``rollback``, ``stream_failed``, ``stream_end``, ``rerequest``,
+    ``rollback``, ``resume_reset`` (a resume position outside its own snapshot: streamed again from 0), ``stream_failed``, ``stream_end``, ``rerequest``,
     ``snapshot``, ``mutation``, ``deletion``, ``expiration``, ``prepare``,
     ``commit``, ``abort``, ``system_event``, ``seqno_advanced``, ``oso``,
     ``set_vbucket_state``, ``cache_transfer``, ``checkpoint`` (a consistent

@@ -204,13 +204,17 @@ class Streams:
     def request(self, st: StreamInfo, opaque: int, now: float, sids_on: bool, events: list[ConsumerEvent]) -> None:
         """Send ``st``'s stream request from its position (a complete snapshot is start = snap_start = snap_end)."""
         pos = st.position
+        if not pos.snap_start <= pos.seqno <= pos.snap_end:
+            # a position outside its own snapshot (a damaged state file) is not to be trusted; claiming a finished
+            # snapshot (seqno-seqno) could skip a rollback it needs (kv_engine rollback.md), so the safe resume is 0
+            why = f"resume position seqno {pos.seqno} lies outside its snapshot {pos.snap_start}-{pos.snap_end}: streaming again from 0"
+            events.append(ConsumerEvent("resume_reset", why, st.vbucket, {"was": pos.to_dict()}))
+            pos = st.position = VbState()
         end = self._end_seqno
         if self._to_latest and st.high_seqno is not None:
             # the producer checks start <= end before the rollback check, so never ask for end < start
             end = max(st.high_seqno, pos.seqno)
         snap_start, snap_end = pos.snap_start, pos.snap_end
-        if not snap_start <= pos.seqno <= snap_end:
-            snap_start = snap_end = pos.seqno
         value = dict(self._value)
         if sids_on and st.sid is not None:
             value["sid"] = st.sid

@@ -30,7 +30,7 @@ class ScenarioHost(Protocol):
     def delete(self, key: str, **kw: Any) -> int: ...  # noqa: D102
     def failover(self, vbucket: int, *, lose: int = 0, partial: int = 0) -> int: ...  # noqa: D102
     def purge(self, vbucket: int, upto: int | None = None) -> int: ...  # noqa: D102
-    def create_collection(self, name: str, *, scope: str = "_default") -> int: ...  # noqa: D102
+    def create_collection(self, name: str, *, scope: str = "_default", max_ttl: int | None = None) -> int: ...  # noqa: D102
     def drop_collection(self, name: str | int) -> int: ...  # noqa: D102
     def disk_pressure(self, on: bool = True) -> None: ...  # noqa: D102
     def fail_backfills(self, vbucket: int | None = None, *, times: int = 1) -> None: ...  # noqa: D102

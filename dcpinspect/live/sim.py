@@ -413,6 +413,24 @@ class Simulator:
         self.kick()
         return seqno
 
+    def prepare(self, key: str, value: Any = None, **kw: Any) -> int:
+        """A sync-write prepare (see :meth:`~dcpinspect.live.cluster.Bucket.prepare`); returns its seqno."""
+        seqno = self.bucket.prepare(key, value, **kw).seqno
+        self.kick()
+        return seqno
+
+    def commit(self, key: str, **kw: Any) -> int:
+        """Commit the pending prepare of ``key``; returns the commit's seqno."""
+        seqno = self.bucket.commit(key, **kw).seqno
+        self.kick()
+        return seqno
+
+    def abort(self, key: str, **kw: Any) -> int:
+        """Abort the pending prepare of ``key``; returns the abort's seqno."""
+        seqno = self.bucket.abort(key, **kw).seqno
+        self.kick()
+        return seqno
+
     def failover(self, vbucket: int, *, lose: int = 0, partial: int = 0) -> int:
         """Fail a vbucket's active node over to its replica (needs ``nodes >= 2``); returns the new UUID.
 
@@ -455,9 +473,9 @@ class Simulator:
         self.kick()
         return seqno
 
-    def create_collection(self, name: str, *, scope: str = "_default") -> int:
-        """Create a collection; returns its id."""
-        cid = self.bucket.create_collection(name, scope=scope)
+    def create_collection(self, name: str, *, scope: str = "_default", max_ttl: int | None = None) -> int:
+        """Create a collection (``max_ttl``: its maximum TTL in seconds, sent in a v1 BeginCollection event); returns its id."""
+        cid = self.bucket.create_collection(name, scope=scope, max_ttl=max_ttl)
         self.kick()
         return cid
 
@@ -573,6 +591,9 @@ _FORWARDED = frozenset(
     {
         "mutate",
         "delete",
+        "prepare",
+        "commit",
+        "abort",
         "failover",
         "purge",
         "create_collection",

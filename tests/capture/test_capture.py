@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
+from paths import CAPTURES
 from pcapfactory import Conn, Msg, pcap_records, write_bad_files, write_capture, write_hostile_headers
 from tshark import needs_tshark, opaque_value, tshark_frames
 
@@ -494,3 +495,11 @@ def test_a_bad_file_does_not_stop_the_others(tmp_path: Path) -> None:
         assert st_rows.files[str(bad[name])]["error"]
     for name in ("pcap_record_256mib", "pcapng_ts_out_of_range", "pcapng_bad_tsresol", "truncated_record"):
         assert st_rows.files[str(bad[name])]["problems"]
+
+
+def test_one_path_may_be_given_alone() -> None:
+    path = CAPTURES / "dcp-session.pcap"
+    whole = [r.number for r in read_records([str(path)])]
+    assert whole
+    assert [r.number for r in read_records(str(path))] == whole
+    assert [r.number for r in read_records(path)] == whole

@@ -1417,3 +1417,15 @@ def test_an_adopted_stream_is_requested_from_where_it_was() -> None:
     assert s.c.state.vbuckets[1] == pos and s.c.streams[1].rollbacks == 2
     s.c.close_streams(s.now)
     assert s.c.adopt(Handoff(2, HERE, VbState()), s.now) is None  # an ended connection takes nothing
+
+
+def test_a_resume_position_outside_its_snapshot_streams_again_from_0() -> None:
+    # claiming a finished snapshot (seqno-seqno) instead could skip a rollback the client needs
+    state = ResumeState("travel", {0: VbState(vb_uuid=0xABC, seqno=29, snap_start=0, snap_end=0, failover_log=[(0xABC, 0)])})
+    s = bootstrap(cfg(resume=state))
+    req = stream_req(s)
+    e = req.extras
+    assert (e["start_seqno"], e["snap_start_seqno"], e["snap_end_seqno"], e["vb_uuid"]) == (0, 0, 0, 0)
+    assert s.c.streams[0].position.seqno == 0
+    (reset,) = [e for e in s.events if e.kind == "resume_reset"]
+    assert "seqno 29 lies outside its snapshot 0-0" in reset.message and reset.vbucket == 0
