@@ -31,6 +31,26 @@ def seed_000() -> list[Message]:
 
 def session() -> list[Message]:
     """A consumer's bootstrap and one collection-filtered stream, both directions in order."""
+    return _session()
+
+
+def broken_session() -> list[Message]:
+    """:func:`session` with two consumer-visible bugs: ``airline_10`` twice in one snapshot, and an over-ack.
+
+    The producer's deletion at seqno 4 names ``airline_10`` again, already
+    delivered at seqno 2 in the same disk snapshot (within a snapshot a key
+    appears once: kv_engine docs/dcp, snapshot marker); the consumer then acks
+    300 bytes, a round number above the 283 it received (a consumer acks what
+    it received, never more: kv_engine docs/dcp, flow control).
+    """
+    return _session(name="dcpinspect:sample-2", deleted="airline_10", over_ack=OVER_ACK)
+
+
+#: the broken session's buffer ack: a round number, more than the 283 bytes its snapshot took
+OVER_ACK = 300
+
+
+def _session(*, name: str = "dcpinspect:sample-1", deleted: str = "airline_24", over_ack: int | None = None) -> list[Message]:
     m: list[Message] = []
 
     def rr(request: bytes, response: bytes) -> None:
@@ -49,7 +69,7 @@ def session() -> list[Message]:
     rr(encode("SASL_LIST_MECHS", opaque=2), encode("SASL_LIST_MECHS", response=True, value="SCRAM-SHA512 SCRAM-SHA256 PLAIN", opaque=2))
     rr(encode("SASL_AUTH", key="PLAIN", value=b"\0Administrator\0password", opaque=3), encode("SASL_AUTH", response=True, opaque=3))
     rr(encode("SELECT_BUCKET", key="travel-sample", opaque=4), encode("SELECT_BUCKET", response=True, opaque=4))
-    rr(encode("DCP_OPEN", key="dcpinspect:sample-1", extras={"flags": 0x01 | 0x20}, opaque=5), encode("DCP_OPEN", response=True, opaque=5))
+    rr(encode("DCP_OPEN", key=name, extras={"flags": 0x01 | 0x20}, opaque=5), encode("DCP_OPEN", response=True, opaque=5))
     for i, (k, v) in enumerate((("enable_noop", "true"), ("set_noop_interval", "60"), ("connection_buffer_size", "1048576")), start=6):
         rr(encode("DCP_CONTROL", key=k, value=v, opaque=i), encode("DCP_CONTROL", response=True, opaque=i))
     rr(
@@ -76,14 +96,16 @@ def session() -> list[Message]:
         vbucket=3,
         opaque=0x1000,
         extras={"by_seqno": 4, "rev_seqno": 2, "delete_time": 0},
-        key="airline_24",  # within a snapshot a key appears once (kv_engine docs/dcp, snapshot marker)
+        key=deleted,  # within a snapshot a key appears once (kv_engine docs/dcp, snapshot marker)
         cid=8,
         cas=0x17A0C5E8F2B40010,
     )
     m.append(("s2c", items))
     # acknowledge exactly the bytes received: every stream message counts in full (kv_engine docs/dcp, flow control)
     received = sum(flow_control_size(f.magic, f.opcode, f.length) for f in decode(items))
-    rr(encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": received}), b"")
+    if over_ack is not None:
+        assert over_ack > received, (over_ack, received)
+    rr(encode("DCP_BUFFER_ACKNOWLEDGEMENT", extras={"buffer_bytes": over_ack or received}), b"")
     m.append(("s2c", encode("DCP_NOOP", opaque=10000001)))
     m.append(("c2s", encode("DCP_NOOP", response=True, opaque=10000001)))
     return [x for x in m if x[1]]
@@ -137,7 +159,8 @@ def main() -> None:
     write(HERE / "seed-000-rollback-retry.pcap", [(CLIENT, SERVER, seed_000(), {})])
     write(HERE / "dcp-session.pcap", [(CLIENT, SERVER, session(), {})])
     write(HERE / "messy.pcap", messy())
-    for name in ("seed-000-rollback-retry.bin", "seed-000-rollback-retry.pcap", "dcp-session.pcap", "messy.pcap"):
+    write(HERE / "session-broken.pcap", [(CLIENT, SERVER, broken_session(), {})])
+    for name in ("seed-000-rollback-retry.bin", "seed-000-rollback-retry.pcap", "dcp-session.pcap", "messy.pcap", "session-broken.pcap"):
         print(f"wrote captures/{name} ({(HERE / name).stat().st_size} bytes)")
 
 

@@ -28,7 +28,7 @@ def test_samples_regenerate_identically(tmp_path: Path) -> None:
     shutil.copy(CAPTURES / "make_samples.py", tmp_path / "make_samples.py")
     mod.HERE = tmp_path  # type: ignore[attr-defined]
     mod.main()  # type: ignore[attr-defined]
-    for name in ("seed-000-rollback-retry.bin", "seed-000-rollback-retry.pcap", "dcp-session.pcap", "messy.pcap"):
+    for name in ("seed-000-rollback-retry.bin", "seed-000-rollback-retry.pcap", "dcp-session.pcap", "messy.pcap", "session-broken.pcap"):
         assert (tmp_path / name).read_bytes() == (CAPTURES / name).read_bytes(), f"{name} is stale: run python captures/make_samples.py"
 
 
