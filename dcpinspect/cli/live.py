@@ -57,6 +57,7 @@ __all__ = [
     "parse_vbuckets",
     "sim_users",
     "stopped_line",
+    "until_signalled",
 ]
 
 #: environment variable with USER:PASS credentials (comma- or newline-separated), for ``dcpinspect sim``
@@ -157,7 +158,7 @@ def _logging_to_stderr(log: logging.Logger, tool: str) -> Iterator[None]:
             lines.close(5.0)
 
 
-async def _until_signalled() -> None:
+async def until_signalled() -> None:
     """Wait for SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -343,7 +344,7 @@ async def _serve_sim(sim: Any, listen: tuple[str, int], out: TextIO) -> int:
         out.write(f"node {node} listening on {format_endpoint(address)}\n")
     out.flush()
     try:
-        await _until_signalled()
+        await until_signalled()
     finally:
         await sim.stop()
         log.info("%s", sim.summary())
@@ -721,7 +722,7 @@ async def _run_proxy(args: argparse.Namespace, listen: tuple[str, int], upstream
     out.write(f"listening on {format_endpoint(proxy.address)}\n")
     out.flush()
     try:
-        await _until_signalled()
+        await until_signalled()
     finally:
         await proxy.stop()
     flushed = True if printer is None else await asyncio.to_thread(printer.close, 5.0)
