@@ -7,7 +7,13 @@ problems/anomalies) evaluated with Arrow compute over the whole table, paging
 frame's annotation (:func:`~dcpinspect.wire.render.annotate_html`), and the
 pictures shown beside it (:class:`Shown`: the selected stream's timeline and
 its vbucket's branch tree from :mod:`dcpinspect.views.plots`, the frames worth
-jumping to, and which frame a click on either picture hit).  Live mode folds
+jumping to, and which frame a click on either picture hit), and the question
+panels (:mod:`dcpinspect.views.panels`): a key's history
+(:meth:`ExplorerModel.key_history`), what the shown stream's rollbacks cost
+(:meth:`ExplorerModel.rollback_costs`, marked on the branch tree while that
+panel is open) and consumer lag (:meth:`ExplorerModel.lag`,
+:meth:`ExplorerModel.lag_figure`), each computed only when asked and again
+after the timeline changed.  Live mode folds
 records appended from a proxy, client or capture callback in at most every
 ``interval`` seconds.  Threads and event loops are reached only through a
 :class:`~dcpinspect.views.background.Background`.  Listeners registered with
@@ -41,7 +47,7 @@ from ..timeline import Stream, Timeline, TimelineBuilder, stream_label
 from ..wire.dissect import dissect_truncated
 from ..wire.dissection import DissectContext
 from ..wire.events import Event, Truncated
-from ..wire.render import annotate_html, safe_text
+from ..wire.render import annotate_html, plural, safe_text
 from .background import Background, Runner
 from .labels import seqno_label
 from .store import FrameStore, plain, release_heap
@@ -231,6 +237,11 @@ class ExplorerModel:
         self._flush_lock = threading.Lock()
         self._flush_scheduled = False
         self._shown: Shown | None = None
+        self.panels: frozenset[str] = frozenset()  # the question panels open (their answers are computed only then)
+        self.key_query: tuple[str, int | None] | None = None  # the key panel's (key, collection id)
+        self._answers: dict[tuple[Any, ...], Any] = {}  # the panels' answers for ``_answers_stamp``
+        self._answers_stamp: tuple[int, int] | None = None
+        self._lag_shown: Shown | None = None  # the lag picture last shown (what a click on it is hit-tested on)
 
     # --- construction ---------------------------------------------------------
     @classmethod
@@ -369,7 +380,7 @@ class ExplorerModel:
 
     # --- listeners ----------------------------------------------------------------
     def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``, ``plot``."""
+        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``, ``plot``, ``panels``, ``key``."""
         self._listeners.append(callback)
 
     def _notify(self, what: str) -> None:
@@ -414,13 +425,21 @@ class ExplorerModel:
         out += [sn.frame for sn in s.snapshots]
         if s.end is not None:
             out.append(s.end["frame"])
+        frames = np.unique(np.concatenate([np.asarray(out, dtype=np.int64), self.item_frames(i)]))
+        self._stream_frames[i] = (self.store.rows, frames)
+        return frames
+
+    def item_frames(self, i: int) -> np.ndarray:
+        """Every item frame of stream ``i``, sorted (the builder's sink saw every one; the timeline's own list is thinned)."""
+        t = self.timeline
+        if t is None or not 0 <= i < len(t.streams):
+            return np.zeros(0, dtype=np.int64)
+        s = t.streams[i]
         seen = self._item_frames.get(i, [])
         if len(seen) > 1:
             seen[:] = [np.concatenate(seen)]
         kept = np.fromiter((it.frame for it in s.items), dtype=np.int64, count=len(s.items))  # items not flushed yet
-        frames = np.unique(np.concatenate([np.asarray(out, dtype=np.int64), kept, *seen]))
-        self._stream_frames[i] = (self.store.rows, frames)
-        return frames
+        return np.unique(np.concatenate([kept, *seen]))
 
     def stream_of(self, frame: int) -> int | None:
         """The index of the stream a frame belongs to (``None``: none)."""
@@ -645,7 +664,9 @@ class ExplorerModel:
         vb = t.streams[i].vbucket if i is not None else self.filters.vbucket
         if vb is None and not t.branches:
             return None
-        return plot_branches(t, vb, theme=theme, max_vbuckets=4, size=(PNG_WIDTH / PNG_DPI, BRANCH_HEIGHT), layout="fixed")
+        losses = self.vbucket_losses(vb) if vb is not None and "rollback" in self.panels else None  # the cost only when asked
+        size = (PNG_WIDTH / PNG_DPI, BRANCH_HEIGHT)
+        return plot_branches(t, vb, theme=theme, max_vbuckets=4, size=size, layout="fixed", losses=losses)
 
     def shown(self, *, theme: str = "light") -> Shown | None:
         """The pictures for the shown stream, drawn again only when it or the timeline changed."""
@@ -653,7 +674,7 @@ class ExplorerModel:
         if t is None or (self.loading and not self.store.rows):
             return None  # nothing read yet: no pictures (not one of "no streams")
         i = self.shown_stream()
-        key = (i, id(t), theme)
+        key = (i, id(t), "rollback" in self.panels, theme)
         if self._shown is None or self._shown.key != key:
             figures = {"stream": self.stream_figure(theme=theme), "branch": self.branch_figure(theme=theme)}
             self._shown = Shown(key, figures, key_frames(t.streams[i]) if i is not None else [])
@@ -675,6 +696,180 @@ class ExplorerModel:
             ts = self.store.compact.column("ts").cast(pa.int64()).fill_null(TS_UNKNOWN).to_numpy(zero_copy_only=False)
             cached = self._clock_cache = (self.store.rows, Clock((self.store.frames(), ts), "time"))
         return cached[1]
+
+    # --- question panels (dcpinspect.views.panels) ----------------------------------------
+    def open_panel(self, name: str, is_open: bool = True) -> None:
+        """Open (or close) a question panel of :data:`~dcpinspect.views.panels.PANELS`; its answer is computed only while open."""
+        from .panels import PANELS
+
+        if name not in PANELS:
+            raise KeyError(f"no panel {name!r} (panels: {', '.join(PANELS)})")
+        panels = self.panels | {name} if is_open else self.panels - {name}
+        if panels != self.panels:
+            self.panels = frozenset(panels)
+            self._notify("panels")
+
+    def _answer(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """A panel's answer, cached until the timeline or the rows change (a live fold, a load's chunk)."""
+        stamp = (id(self.timeline), self.store.rows)
+        if stamp != self._answers_stamp:
+            self._answers, self._answers_stamp = {}, stamp
+        if key not in self._answers:
+            self._answers[key] = compute()
+        return self._answers[key]
+
+    def _tables(self) -> dict[str, Any]:
+        """The timeline's tables without items (:func:`~dcpinspect.tables.timeline.timeline_frames`; the items come from the store)."""
+        from ..tables.timeline import timeline_frames
+
+        t = self.timeline
+        if t is None:
+            raise ValueError("this explorer has no timeline")
+        return self._answer(("tables",), lambda: timeline_frames(t, items=False))
+
+    def key_history(self, key: str, collection: int | None = None) -> Any:
+        """Every version of ``key`` (in ``collection``; ``None``: any) each consumer received, with its fate (a DataFrame).
+
+        :func:`~dcpinspect.tables.history.key_versions` over the frames of that
+        key only (filtered in Arrow) and the items of those frames; with no row,
+        ``attrs["absence"]`` says why (:func:`~dcpinspect.tables.history.key_absence`).
+        """
+        return self._answer(("key", key, collection), lambda: self._key_history(key, collection))
+
+    def _key_history(self, key: str, collection: int | None) -> Any:
+        from ..tables.history import COLUMNS, key_absence, key_versions
+        from .panels import item_table, key_frames_table, resume_witnesses
+
+        tables = self._tables()
+        frames = key_frames_table(self, key, COLUMNS)
+        wanted = frames["frame"].to_numpy(dtype=np.int64)
+        t = self.timeline
+        if t is None:
+            raise ValueError("this explorer has no timeline")
+
+        def keep(i: int, f: np.ndarray) -> np.ndarray:
+            return np.union1d(f[np.isin(f, wanted)], resume_witnesses(t, i, f))
+
+        items = item_table(self, range(len(t.streams)), keep=keep)
+        both = {**tables, "items": items}
+        out = key_versions(frames, both, key=key, cid=collection)
+        out.attrs["absence"] = "" if len(out) else key_absence(frames, both, key, collection=collection)
+        return out
+
+    def set_key(self, key: str, collection: int | None = None) -> None:
+        """The key panel's question (empty key: none); its answer is :meth:`key_rows`."""
+        query = (key, collection) if key else None
+        if query != self.key_query:
+            self.key_query = query
+            self._notify("key")
+
+    def key_rows(self) -> Any:
+        """The key panel's answer (:meth:`key_history` of :attr:`key_query`; ``None``: no question)."""
+        return None if self.key_query is None else self.key_history(*self.key_query)
+
+    def vbucket_losses(self, vbucket: int) -> Any:
+        """What each rollback on ``vbucket`` cost (:func:`~dcpinspect.tables.history.rollback_losses` over that vbucket's items)."""
+        return self._answer(("losses", vbucket), lambda: self._losses(vbucket))
+
+    def _losses(self, vbucket: int) -> Any:
+        from ..tables.history import COLUMNS, rollback_losses
+        from .panels import item_table, rows_of_frames
+
+        t = self.timeline
+        tables = self._tables()
+        mine = [i for i, s in enumerate(t.streams) if s.vbucket == vbucket] if t is not None else []
+        rb = tables["rollbacks"]
+        if "vbucket" in rb.columns:
+            tables = {**tables, "rollbacks": rb[rb["vbucket"] == vbucket].reset_index(drop=True)}
+        items = item_table(self, mine) if len(tables["rollbacks"]) else item_table(self, [])
+        from ..tables.schema import pandas_dtype
+
+        rows = rows_of_frames(self, items["frame"].to_numpy(dtype=np.int64))
+        frames = self.store.take(rows, list(COLUMNS)).to_pandas(types_mapper=pandas_dtype)
+        return rollback_losses(frames, {**tables, "items": items})
+
+    def rollback_costs(self, stream: int | None = None) -> Any:
+        """The rollbacks of ``stream`` (default: the shown stream) and what each cost (rows of :meth:`vbucket_losses`)."""
+        t = self.timeline
+        i = self.shown_stream() if stream is None else stream
+        if t is None or i is None or not 0 <= i < len(t.streams):
+            return None
+        losses = self.vbucket_losses(t.streams[i].vbucket)
+        return losses[losses["stream"] == i].reset_index(drop=True) if len(losses) else losses
+
+    def lag(self) -> Any:
+        """The progress table of the capture so far (:func:`~dcpinspect.tables.progress.progress`; the lag's items only, :mod:`.panels` rule 2)."""
+        return self._answer(("lag",), self._lag)
+
+    def _lag(self) -> Any:
+        from ..tables.progress import FRAME_COLUMNS, progress
+        from ..tables.schema import pandas_dtype
+        from .panels import high_seqno_table, item_table, lag_frames
+
+        t = self.timeline
+        tables = {**self._tables(), "high_seqnos": high_seqno_table(self)}
+        kept = lag_frames(self, tables)
+        items = item_table(self, range(len(t.streams)) if t is not None else [], keep=lambda i, _f: kept[i])
+        frames = self.store.compact.select(list(FRAME_COLUMNS)).to_pandas(types_mapper=pandas_dtype)
+        return progress(frames, {**tables, "items": items})
+
+    def lag_summary(self, top: int | None = 10) -> Any:
+        """The worst series first (:func:`~dcpinspect.tables.progress.lag_summary` of :meth:`lag`)."""
+        from ..tables.progress import lag_summary
+
+        return lag_summary(self.lag(), top)
+
+    def lag_vbucket(self) -> int | None:
+        """The vbucket the lag plot shows: the shown stream's, else the vbucket filter's."""
+        t = self.timeline
+        i = self.shown_stream()
+        return t.streams[i].vbucket if t is not None and i is not None else self.filters.vbucket
+
+    def lag_figure(self, *, theme: str = "light") -> Any:
+        """:func:`~dcpinspect.views.plots_lag.plot_lag` of :meth:`lag` for the shown stream's vbucket (every vbucket without one)."""
+        from .plots_lag import plot_lag
+
+        return plot_lag(self.lag(), self.lag_vbucket(), theme=theme)
+
+    def lag_shown(self, *, theme: str = "light") -> Shown:
+        """:meth:`lag_figure` as a picture (``figures["lag"]``), drawn again only when the timeline or the shown vbucket changed."""
+        vb = self.lag_vbucket()
+        fig = self._answer(("lag figure", vb, theme), lambda: Shown(("lag", vb, theme), {"lag": self.lag_figure(theme=theme)}, []))
+        self._lag_shown = fig
+        return fig
+
+    def select_lag_click(self, x: float, y: float) -> int | None:
+        """Select the frame under a click at pixel (``x``, ``y``) of the lag picture last :meth:`lag_shown` (nothing hit: no change)."""
+        shown = getattr(self, "_lag_shown", None)
+        frame = shown.frame_at("lag", x, y) if shown is not None else None
+        if frame is not None and self.store.row_of(frame) is not None:
+            self.select(frame)
+        return frame
+
+    def panel_html(self, name: str) -> str:
+        """A panel's answer as escaped HTML (the widget's content and the static rendering)."""
+        from .panels import HISTORY_SHOWN, LAG_SHOWN, LOSS_SHOWN, html_table
+
+        if name == "key":
+            df = self.key_rows()
+            if df is None:
+                return "<i>type a key</i>"
+            key, cid = self.key_query or ("", None)
+            what = html.escape(safe_text(key, 200)) + ("" if cid is None else f" in collection {cid:#x}")
+            if not len(df):
+                return f"<p><b>{what}</b>: {html.escape(df.attrs.get('absence', ''))}</p>"
+            return f"<p><b>{what}</b>: {plural(len(df), 'version')}</p>" + html_table(df, HISTORY_SHOWN, selected=self.selected)
+        if name == "rollback":
+            df = self.rollback_costs()
+            if df is None:
+                return "<i>select a frame of a stream: its rollbacks and what they cost show here</i>"
+            i = self.shown_stream()
+            if not len(df):
+                return f"<p>stream {i} had no rollback</p>"
+            return f"<p>stream {i}: rollbacks and what they cost</p>" + html_table(df, LOSS_SHOWN)
+        if name == "lag":
+            return "<p>consumer lag, worst first</p>" + html_table(self.lag_summary(None), LAG_SHOWN)
+        raise KeyError(f"no panel {name!r}")
 
     # --- choices for the filter widgets ---------------------------------------------
     def choices(self, column: str, limit: int = 500) -> list[Any]:
@@ -702,7 +897,10 @@ class ExplorerModel:
         return f'<table class="dcpinspect-frames"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
     def _repr_html_(self) -> str:
-        return f"<div class='dcpinspect-explorer'><p>{html.escape(self.summary())}</p>{self.page_html()}{self.annotation_html()}</div>"
+        panels = "".join(self.panel_html(p) for p in sorted(self.panels)) if self.builder is not None else ""
+        return (
+            f"<div class='dcpinspect-explorer'><p>{html.escape(self.summary())}</p>{self.page_html()}{self.annotation_html()}{panels}</div>"
+        )
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text())

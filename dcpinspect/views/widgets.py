@@ -12,7 +12,12 @@
   list of the stream's key frames (requests, rollbacks, snapshots, end,
   anomalies) that selects them; live sources update it as the session runs,
   and a background load updates the list a few times (the 1st, 2nd, 4th...
-  chunk) and draws the pictures once, at its end.
+  chunk) and draws the pictures once, at its end.  Below, three folded
+  question panels (one open at a time; a folded one costs nothing): a key's
+  history (a key and an optional collection id; a version picked selects its
+  frame), the shown stream's rollbacks and what they cost (the branch tree
+  marks the lost segment while it is open), and consumer lag (the worst
+  first, and the plot of the shown stream's vbucket; a click selects a frame).
 * :func:`stepper` - the teaching mode: play/next/previous/speed over a session,
   each frame's annotation and what it changed in the stream's state.
 
@@ -34,6 +39,7 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
+from ..wire.render import plural, safe_text
 from .explorer import ExplorerModel
 from .labels import row_label
 from .stepper import StepperModel
@@ -43,6 +49,11 @@ __all__ = ["PANE_HEIGHT", "ExplorerView", "FigureImage", "StepperView", "explore
 BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
 _ANY = ("any", None)
 _EVERY = ("every stream (the most interesting first)", None)
+_PANEL_TITLES = (
+    "key history: every version of a key and its fate",
+    "rollback cost: what the shown stream's rollbacks lost",
+    "consumer lag",
+)
 
 
 def _show_any(d: w.Dropdown) -> None:
@@ -178,6 +189,7 @@ class ExplorerView(_Static, w.VBox):
         full = w.Layout(width="100%")
         plots_box = w.VBox([w.HBox([self.show, self.jump], layout=full), self.stream_img, self.branch_img], layout=full)
         panes = w.HBox([self.frames, self.annotation], layout=w.Layout(width="100%", flex_flow="row wrap", align_items="flex-start"))
+        self._build_panels()
         super().__init__(
             [
                 w.HBox([self.conn, self.vbucket, self.stream, self.opcode, self.direction]),
@@ -187,6 +199,7 @@ class ExplorerView(_Static, w.VBox):
                 w.HTML(_LIST_CSS, layout=w.Layout(display="none")),
                 panes,
                 *([plots_box] if self.plots else []),
+                *([self.panel_box] if model.builder is not None else []),
             ],
             layout=full,
         )
@@ -205,7 +218,64 @@ class ExplorerView(_Static, w.VBox):
         model.on_change(self.refresh)
         self.refresh("rows")
 
+    def _build_panels(self) -> None:
+        """The question panels (:mod:`dcpinspect.views.panels`), folded: the model computes a panel's answer only while it is open."""
+        self.key_text = w.Text(
+            description="key", placeholder="a document's key (exact)", continuous_update=False, layout=w.Layout(width="320px")
+        )
+        self.collection_text = w.Text(
+            description="collection", placeholder="id, e.g. 0x8 (any)", continuous_update=False, layout=w.Layout(width="240px")
+        )
+        self.collection_text.style.description_width = "70px"
+        self.key_msg = w.HTML()
+        self.key_list = w.Select(options=[], rows=8, layout=w.Layout(width="100%"))
+        self.key_list.add_class("dcpinspect-key-history")
+        self.rollback_html = w.HTML()
+        self.lag_html = w.HTML()
+        self.lag_img = FigureImage(layout=w.Layout(display="none", width="100%"))
+        boxes = [
+            w.VBox([w.HBox([self.key_text, self.collection_text]), self.key_msg, self.key_list]),
+            w.VBox([self.rollback_html]),
+            w.VBox([self.lag_html, self.lag_img]),
+        ]
+        self.panel_box = w.Accordion(children=boxes, titles=_PANEL_TITLES, selected_index=None, layout=w.Layout(width="100%"))
+        self.panel_box.observe(self._on_panel, names="selected_index")
+        self.key_text.observe(lambda _c: self._on_key(), names="value")
+        self.collection_text.observe(lambda _c: self._on_key(), names="value")
+        self.key_list.observe(self._on_select, names="value")
+        self.lag_img.observe(lambda c: self._on_lag_click(c["new"]), names="click")
+
     # --- widget -> model -------------------------------------------------------
+    def _on_panel(self, change: Any) -> None:
+        """The user opened a panel (or folded them all): that one open in the model, the others closed."""
+        if self._syncing:
+            return
+        from .panels import PANELS
+
+        for k, name in enumerate(PANELS):
+            if k != change["new"]:
+                self.model.open_panel(name, False)
+        if change["new"] is not None:
+            self.model.open_panel(PANELS[change["new"]])
+
+    def _on_key(self) -> None:
+        """The user asked for a key (and maybe a collection id)."""
+        if self._syncing:
+            return
+        from .panels import parse_collection
+
+        try:
+            collection = parse_collection(self.collection_text.value)
+        except ValueError:
+            self.key_msg.value = f'<span style="color:#D55E00">not a collection id: {html.escape(self.collection_text.value)}</span>'
+            return
+        self.model.set_key(self.key_text.value, collection)
+
+    def _on_lag_click(self, click: list[float]) -> None:
+        """A click on the lag plot: select the frame of the point under it (the lines carry their rows' frames)."""
+        if len(click) >= 2:
+            self.model.select_lag_click(float(click[0]), float(click[1]))
+
     def _on_filter(self, name: str, value: Any) -> None:
         """The user changed one filter: that one, and only that one, changes in the model."""
         if self._syncing:
@@ -266,8 +336,10 @@ class ExplorerView(_Static, w.VBox):
                 _show_any(d)
         finally:
             self._syncing = False
-        if self.plots and what in ("selection", "rows", "filters", "plot") and not (what == "rows" and m.loading):
+        if self.plots and what in ("selection", "rows", "filters", "plot", "panels") and not (what == "rows" and m.loading):
             self._draw()  # a load's pictures are drawn once, at its end
+        if what in ("rows", "selection", "plot", "panels", "key") and not m.loading and m.builder is not None:
+            self._draw_panels(what)
 
     def _options(self) -> None:
         m = self.model
@@ -309,6 +381,61 @@ class ExplorerView(_Static, w.VBox):
             _show_any(self.jump)
         finally:
             self._syncing = False
+
+    def _draw_panels(self, what: str) -> None:
+        """The open panel's answer (the model computes it now, once per timeline: a closed panel costs nothing)."""
+        from .panels import PANELS
+
+        m = self.model
+        self._syncing = True
+        try:
+            self.panel_box.selected_index = next((k for k, n in enumerate(PANELS) if n in m.panels), None)
+            if "key" in m.panels and what in ("rows", "panels", "key", "selection"):
+                self._draw_key()
+            if "rollback" in m.panels and what in ("rows", "panels", "selection", "plot"):
+                self.rollback_html.value = m.panel_html("rollback")
+            if "lag" in m.panels and what in ("rows", "panels", "selection", "plot"):
+                self.lag_html.value = m.panel_html("lag")
+                if self.plots:
+                    shown = m.lag_shown(theme=self.theme)
+                    _set_png(self.lag_img, shown.png("lag", self.lag_img.width or None), shown.describe("lag"))
+        finally:
+            self._syncing = False
+
+    def _draw_key(self) -> None:
+        m = self.model
+        self.key_text.value, cid = m.key_query if m.key_query is not None else ("", None)
+        self.collection_text.value = "" if cid is None else f"{cid:#x}"
+        df = m.key_rows()
+        if df is None:
+            self.key_msg.value, self.key_list.options = "<i>type a key: every version of it and its fate show here</i>", []
+            return
+        what = html.escape(safe_text(m.key_query[0] if m.key_query else "", 200))
+        self.key_msg.value = (
+            f"<b>{what}</b>: {html.escape(df.attrs.get('absence', ''))}" if not len(df) else f"<b>{what}</b>: {plural(len(df), 'version')}"
+        )
+        self.key_list.options = [(history_label(r), int(r["frame"])) for r in df.to_dict("records")]
+        self.key_list.value = m.selected if any(v == m.selected for _l, v in self.key_list.options) else None
+
+
+def _cas_time(t: Any) -> str:
+    """A CAS's HLC time in brackets (nothing when the CAS is no time)."""
+    return "" if t is None or str(t) in ("NaT", "<NA>") else f" ({str(t)[:26]})"
+
+
+def history_label(r: dict[str, Any]) -> str:
+    """One version of a key's history as a line of the list (text off the wire made safe)."""
+    import pandas as pd
+
+    def v(x: Any) -> str:
+        return "" if x is None or (not isinstance(x, str) and pd.isna(x)) else str(x)
+
+    fate = v(r.get("fate")) + (f" (frame {v(r['fate_frame'])})" if v(r.get("fate_frame")) else "")
+    text = (
+        f"frame {v(r['frame']):>6}  {v(r.get('consumer'))} conn {v(r['conn'])} vb {v(r['vbucket'])}  {v(r['name'])}"
+        f"  seqno {v(r['seqno'])}  cas {v(r.get('cas'))}{_cas_time(r.get('cas_time'))}  rev {v(r.get('rev_seqno'))}  {v(r.get('snap_type'))}  {fate}"
+    )
+    return safe_text(text, 300)
 
 
 class StepperView(_Static, w.VBox):
