@@ -42,7 +42,12 @@ def _analyze_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per range of a big file")
     ap.add_argument("--partitions", type=int, help="connection partitions of the frames stage")
     ap.add_argument("--port", type=int, action="append", help="memcached server port (repeatable; default 11210, 11209, 11211)")
-    ap.add_argument("--items", action="store_true", help="also write the items and flow tables (one row per data message)")
+    ap.add_argument(
+        "--items",
+        action="store_true",
+        help="also write the items and flow tables (one row per data message) and, from them, the questions' tables: "
+        "key_versions, rollback_losses, rollback_lost_keys, progress and lag (exact)",
+    )
     ap.add_argument("--no-report", action="store_true", help="do not write report.html")
     ap.add_argument(
         "--overwrite",
@@ -107,6 +112,8 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     )
     counted = (("files", "file"), ("connections", "connection"), ("frames", "frame"), ("streams", "stream"), ("anomalies", "anomaly"))
     out.write(", ".join(plural(res[k], one, k) for k, one in counted) + f" -> {args.out}\n")
+    if "questions" in res:
+        out.write(_questions_line(res["questions"]))
     failed = 0
     for st in res["status"]:
         if st["status"] != "ok":
@@ -120,6 +127,15 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
         sys.stderr.write(f"dcpinspect: error: {failed} of {res['files']} input files could not be read\n")
         return 1
     return 0
+
+
+def _questions_line(n: dict[str, int]) -> str:
+    """The questions' tables' row counts, one line."""
+    return (
+        f"questions: {plural(n['key_versions'], 'key version')}, {plural(n['rollback_losses'], 'rollback')} "
+        f"({plural(n['rollback_lost_keys'], 'document')} cut), {plural(n['progress'], 'progress row')}, "
+        f"{plural(n['lag'], 'lag series', 'lag series')}\n"
+    )
 
 
 def _shown(path: str) -> str:

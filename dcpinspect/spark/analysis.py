@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from .arrow import arrow_for_spark
 from .numbering import DEFAULT_OPTIONS, Numbering, Options
 from .pipeline import Pipeline
+from .questions import QUESTION_TABLES, part_high_seqnos, write_questions
 from .session import filesystem
 from .stages import DEFAULT_SPLIT_SIZE, STATUS_NAMES, status_table
 
@@ -38,50 +39,6 @@ TIMELINE_TABLES = ("connections", "streams", "attempts", "snapshots", "failover"
 REPORT_ITEMS = 500  # items per stream (and flow samples per connection) kept for the report when items are not written
 
 
-def arrow_for_spark(df: Any) -> pa.Table:
-    """A pandas table (e.g. a timeline DataFrame) as Arrow with Spark's conventions.
-
-    uint64 -> ``decimal(20,0)``, smaller unsigned -> the next signed type,
-    timestamps -> microseconds UTC, failover logs -> ``list<struct<uuid, seqno>>``,
-    all-null columns -> string.
-    """
-    arrays, names = [], []
-    for name in df.columns:
-        col = df[name]
-        if name == "failover_log":
-            typ = pa.list_(pa.struct([("uuid", pa.uint64()), ("seqno", pa.uint64())]))
-            arr = pa.array([None if v is None else [{"uuid": u, "seqno": q} for u, q in v] for v in col], typ)
-        else:
-            try:
-                arr = pa.array(col, from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-                arr = pa.array([None if v is None else str(v) for v in col], pa.string())
-        # nanoseconds -> Spark's microseconds drops digits: allowed (only) there
-        arrays.append(pc.cast(arr, _spark_type(arr.type), safe=not pa.types.is_timestamp(arr.type)))
-        names.append(str(name))
-    return pa.Table.from_arrays(arrays, names=names)
-
-
-def _spark_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_uint64(t):
-        return pa.decimal128(20, 0)
-    if pa.types.is_uint32(t):
-        return pa.int64()
-    if pa.types.is_uint16(t):
-        return pa.int32()
-    if pa.types.is_uint8(t):
-        return pa.int16()
-    if pa.types.is_null(t):
-        return pa.string()
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz="UTC")
-    if pa.types.is_list(t):
-        return pa.list_(_spark_type(t.value_type))
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _spark_type(f.type)) for f in t])
-    return t
-
-
 def _is_connect(spark: Any) -> bool:
     return "connect" in type(spark).__module__
 
@@ -98,7 +55,7 @@ def analyze_outputs(*, items: bool, report: bool) -> list[str]:
     """The entries ``analyze`` writes under its output directory."""
     names = ["frames", "file_status", *TIMELINE_TABLES]
     if items:
-        names += ["items", "flow"]
+        names += ["items", "flow", *QUESTION_TABLES]
     if report:
         names.append("report.html")
     return names
@@ -207,7 +164,10 @@ def analyze(
     directory of parquet files.  The merged timeline keeps at most
     :data:`REPORT_ITEMS` items per stream for the plots (the counts stay
     exact); with ``items`` every item and flow sample is written by the tasks
-    that decode them, as the frames are.
+    that decode them, as the frames are, and the questions' tables
+    (:data:`~dcpinspect.spark.questions.QUESTION_TABLES`: key_versions,
+    rollback_losses, rollback_lost_keys, progress) are computed from them,
+    exact, by the single process's functions (:mod:`dcpinspect.spark.questions`).
     """
     out = str(out_dir).rstrip("/")
     entries = analyze_outputs(items=items, report=report)
@@ -215,7 +175,7 @@ def analyze(
     p = Pipeline(spark, paths, split_size=split_size, partitions=partitions, options=options)
     try:
         res = _run(p, out, items=items, report=report)
-        finish_output(out, entries, {k: res[k] for k in _COUNTS})
+        finish_output(out, entries, {k: res[k] for k in (*_COUNTS, "questions") if k in res})
     finally:
         p.unpersist()
     return res
@@ -254,6 +214,7 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
     t = p.timeline(max_items=max_items)
     lap("timelines merged")
     tables = p.timeline_tables(max_items=max_items)
+    connections = tables["connections"]
     unheld = unheld_connections(num, t, dict(zip(p.paths, p.file_set, strict=True)))
     if unheld and "connections" in tables:
         tables["connections"] = _with_unheld(tables["connections"], unheld)
@@ -261,12 +222,18 @@ def _run(p: Pipeline, out: str, *, items: bool, report: bool) -> dict[str, Any]:
         if name in TIMELINE_TABLES:
             _write_small(p.spark, out, name, arrow_for_spark(df))
     lap("timeline tables written")
+    answered: dict[str, int] = {}
+    if items:
+        high = part_high_seqnos(num, p.keys(build=True, max_items=max_items)[1])  # the parts of the decode above: no job
+        answered = write_questions(p.spark, out, t, {**tables, "connections": connections}, high)
+        lap("questions written")
     res: dict[str, Any] = {
         "files": len(rows),
         "frames": n,
         "connections": len(num.conn_ids),
         "streams": len(t.streams),
         "anomalies": len(t.anomalies),
+        **({"questions": answered} if items else {}),
         "status": rows,
         "timings": lap.timings,
     }
