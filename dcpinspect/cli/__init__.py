@@ -6,8 +6,9 @@ the subcommand.  Only then is that subcommand's group imported and its
 arguments added (:class:`~.command.CommandParser`): :mod:`.decode` (decode,
 reference, examples: the core only), :mod:`.capture` (frames, show, summary,
 timeline; :mod:`.export` writes ``frames --pcap``), :mod:`.fields` (fields),
-:mod:`.follow` (follow), :mod:`.stats` (stats), :mod:`.live` (sim, client,
-proxy, sniff) and :mod:`.analyze` (Spark; :mod:`.extras` says which pip
+:mod:`.follow` (follow), :mod:`.stats` (stats), :mod:`.key` (key),
+:mod:`.lag` (lag), :mod:`.compare` (compare), :mod:`.live` (sim, client,
+proxy, sniff), :mod:`.replay` (replay) and :mod:`.analyze` (Spark; :mod:`.extras` says which pip
 extra a command needs when it is missing).  The chosen function turns arguments into calls of the library and
 prints what comes back; records are printed by :mod:`.output`, as a JSON
 line or a text line of the frames table, whichever tool produced them.

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..flows.reassembly import DEFAULT_SERVER_PORTS
@@ -383,14 +383,22 @@ def streams_with_frames(t: Any, frames: set[int]) -> Any:
 
 
 def _timeline(args: argparse.Namespace, console: Console) -> int:
-    from ..tables.timeline import story
+    from ..tables.history import frames_of, item_batch, rollback_losses
+    from ..tables.timeline import story, timeline_frames
     from ..tables.timeline_feed import feed_parts
 
     out = console.out
     stats = CaptureStats()
     flt = _display_filter(args.filter)
     matched: set[int] = set()
-    t = feed_parts(_matching_parts(_parts(args, stats), flt, matched), timeline_builder(args)).timeline()
+    items: list[Any] = []  # the item frames' keys, for what each rollback cost
+
+    def keep(parts: Iterable[Any]) -> Iterator[Any]:
+        for part in parts:
+            items.append(item_batch(part.batch))
+            yield part
+
+    t = feed_parts(keep(_matching_parts(_parts(args, stats), flt, matched)), timeline_builder(args)).timeline()
     t.set_first = dict(stats.set_first)
     if flt is not None:
         t = streams_with_frames(t, matched)
@@ -414,7 +422,10 @@ def _timeline(args: argparse.Namespace, console: Console) -> int:
                 ]
                 out.write(json.dumps({"vbucket": vb, "capture_set": cs, "history": h, "branches": tree}) + "\n")
     else:
-        out.write("".join(safe_text(line) + "\n" for line in story(t, vbucket=args.vbucket, conn=args.conn).splitlines()))
+        rolled = any(a.outcome == "rollback" for s in t.streams for a in s.attempts)
+        losses = rollback_losses(frames_of(items), timeline_frames(t)) if rolled else None
+        text = story(t, vbucket=args.vbucket, conn=args.conn, losses=losses)
+        out.write("".join(safe_text(line) + "\n" for line in text.splitlines()))
     return 1 if bad else 0
 
 

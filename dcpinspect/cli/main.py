@@ -32,10 +32,14 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("fields", "fields", "every table's fields with type and meaning, and the display filter's functions"),
     ("follow", "follow", "one connection's frames or bytes in order, or one DCP stream's messages (like tshark -z follow)"),
     ("stats", "stats", "statistics: response times per command, statuses, conversations, vbucket progress and lag"),
+    ("key", "key", "did my consumer get document X, and which version: every item of a key, its snapshot and its fate"),
+    ("lag", "lag", "how far behind each consumer is: per vbucket, its seqno against the producer's high seqno, worst first"),
+    ("compare", "compare", "why one DCP consumer has what another has not: two captures, or two connections of one"),
     ("sim", "live", "run the DCP producer simulator (see 'dcpinspect sim --help')"),
     ("client", "live", "stream from a server as a DCP client (see 'dcpinspect client --help')"),
     ("proxy", "live", "a byte-exact tap proxy that decodes and records (see 'dcpinspect proxy --help')"),
     ("sniff", "live", "capture and decode live from an interface (see 'dcpinspect sniff --help')"),
+    ("replay", "replay", "serve a capture's recorded producer to new clients, reporting each divergence"),
     (
         "analyze",
         "analyze",
@@ -130,6 +134,14 @@ def _arguments(group: str) -> Mapping[str, Callable[[argparse.ArgumentParser], N
         from .follow import ARGUMENTS
     elif group == "stats":
         from .stats import ARGUMENTS
+    elif group == "replay":
+        from .replay import ARGUMENTS
+    elif group == "key":
+        from .key import ARGUMENTS
+    elif group == "lag":
+        from .lag import ARGUMENTS
+    elif group == "compare":
+        from .compare import ARGUMENTS
     else:
         from .analyze import ARGUMENTS
     return ARGUMENTS

@@ -10,7 +10,9 @@ and :mod:`.vbucket`: one or more data nodes behind one cluster map,
 take bytes and the time in and give bytes and events out; :mod:`.sasl` is
 pure too.  Thin shells put them on sockets: :mod:`.sim` serves a producer
 with asyncio, :mod:`.client` drives a consumer with asyncio, :mod:`.proxy`
-forwards bytes unchanged between a client and a server, and :mod:`.sniff`
+forwards bytes unchanged between a client and a server, :mod:`.replay`
+(with :mod:`.replay_script` and :mod:`.replay_server`) serves a capture's
+recorded producer to new clients, and :mod:`.sniff`
 reads packets from an interface.  Whatever bytes a shell sees go to
 :mod:`.tap` (:class:`~.tap.LiveCapture`): synthesised TCP segments into the
 same reassembly, decoder and connection context as a capture file, so live

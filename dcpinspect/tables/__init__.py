@@ -19,7 +19,12 @@ row carries its ``capture_set`` and its ``set_frame``.  :mod:`.filter` is
 the one display-filter language over these columns (a vectorised mask and a
 per-row test, proven equal), :mod:`.fields` says what every column means,
 and :mod:`.stats` and :mod:`.follow` answer tshark's ``-z`` and "follow"
-questions from the same table.
+questions from the same table.  The questions no other tool answers are
+pure functions of the frames table and the timeline's tables, so they run
+alike on one read and on ``analyze``'s output: :mod:`.history` (a
+document's versions and their fates, what each rollback cost),
+:mod:`.progress` (consumer lag per vbucket over time) and :mod:`.compare`
+(why one consumer has what another does not).
 
 Rules:
 

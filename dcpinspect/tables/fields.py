@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from .filter import FILTER_FUNCTIONS, FILTER_OPERATORS
 
-__all__ = ["FIELD_TABLES", "TIMELINE_COLUMNS", "Field", "fields"]
+__all__ = ["COMPARE_COLUMNS", "FIELD_TABLES", "HISTORY_COLUMNS", "LAG_COLUMNS", "TIMELINE_COLUMNS", "Field", "fields"]
 
 _WHERE = (
     ("capture_set", "int", "the capture set of the row's connection (1-based)"),
@@ -84,6 +84,7 @@ TIMELINE_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("response_frame", "int", "frame of the response"),
         ("status_name", "string", "response status name"),
         ("predicted_rollback", "uint64", "the rollback seqno the failover log predicts"),
+        ("filter", "string", "the stream request's JSON value (collections or scope filter, sid, purge_seqno), as sent"),
     ),
     "snapshots": (
         ("stream", "int", "stream number"),
@@ -175,6 +176,150 @@ TIMELINE_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
+_SERIES = (
+    ("capture_set", "int", "the capture set of the consumer's connection (1-based)"),
+    ("conn", "int", "connection number"),
+    ("consumer", "string", "DCP_OPEN connection name"),
+    ("vbucket", "int", "vbucket"),
+    ("stream_id", "int", "DCP stream id (null without stream ids)"),
+)
+#: table -> (column, type, meaning) of the consumer-lag tables (:mod:`.progress`, ``dcpinspect lag``), in their column order
+LAG_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "progress": (
+        *_SERIES,
+        ("frame", "int", "the frame that changed the consumer seqno or the producer high seqno"),
+        ("ts", "timestamp", "its time (UTC)"),
+        ("event", "string", "what it was: item, DCP_SEQNO_ADVANCED, snapshot marker, stream request, end, a report, end of capture"),
+        ("consumer_seqno", "uint64", "the consumer's last seqno: its stream request's start, raised by items and seqno-advanced"),
+        ("producer_high", "uint64", "the producer's high seqno as last seen (on any connection to the same server)"),
+        ("high_source", "string", "what last set it: GET_ALL_VB_SEQNOS, STAT vbucket-seqno, snapshot marker, item ..."),
+        ("high_frame", "int", "the frame that last set it"),
+        ("lag_items", "uint64", "producer_high - consumer_seqno (never below 0)"),
+        ("lag_seconds", "float", "seconds since the producer's high seqno rose above consumer_seqno and stayed there (0: caught up)"),
+    ),
+    "lag": (
+        *_SERIES,
+        ("rows", "int", "progress rows of the series"),
+        ("max_lag_items", "uint64", "the worst lag in items"),
+        ("max_lag_items_at", "timestamp", "when (UTC)"),
+        ("max_lag_seconds", "float", "the worst lag in seconds"),
+        ("max_lag_seconds_at", "timestamp", "when (UTC)"),
+        ("end_consumer_seqno", "uint64", "the consumer seqno at the series' last row (the end of the capture or of its stream)"),
+        ("end_producer_high", "uint64", "the producer high seqno then"),
+        ("end_lag_items", "uint64", "the lag in items then"),
+        ("end_lag_seconds", "float", "the lag in seconds then"),
+    ),
+    "high_seqnos": (
+        ("frame", "int", "frame of the GET_ALL_VB_SEQNOS or STAT answer"),
+        ("capture_set", "int", "its capture set"),
+        ("conn", "int", "connection number"),
+        ("vbucket", "int", "vbucket"),
+        ("high_seqno", "uint64", "the high seqno it reported"),
+        ("source", "string", "GET_ALL_VB_SEQNOS or STAT vbucket-seqno"),
+    ),
+}
+
+
+#: table -> (column, type, meaning) of the tables of two consumers compared (:mod:`.compare`, ``dcpinspect compare``)
+COMPARE_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "comparison": (
+        ("vbucket", "int", "vbucket"),
+        ("only_in", "string", "a or b: the consumer that has the items"),
+        ("seqno_from", "uint64", "first seqno of the run of items"),
+        ("seqno_to", "uint64", "last seqno of the run"),
+        ("items", "int", "items in the run"),
+        ("keys", "list", "their keys (collection id split out)"),
+        ("reason", "string", "rollback, branch, start, filter, ended, dedup or unknown"),
+        ("explanation", "string", "the reason in words, naming the frames that show it"),
+        ("evidence_a", "list", "frames of consumer a that show it (frame numbers of a's read)"),
+        ("evidence_b", "list", "frames of consumer b that show it (frame numbers of b's read)"),
+    ),
+    "comparison_vbuckets": (
+        ("vbucket", "int", "vbucket"),
+        ("items_a", "int", "items consumer a received (dropped by a rollback or not)"),
+        ("items_b", "int", "items consumer b received"),
+        ("common", "int", "items both received (same seqno, key and collection)"),
+        ("only_a", "int", "items only a has (or only a holds: b dropped them)"),
+        ("only_b", "int", "items only b has"),
+        ("last_a", "uint64", "a's highest item seqno"),
+        ("last_b", "uint64", "b's highest item seqno"),
+        ("diverge_at", "uint64", "the seqno the failover histories diverge at (null: they agree)"),
+        ("branches_a", "string", "the failover branches a's logs showed, uuid@seqno, oldest first"),
+        ("branches_b", "string", "the failover branches b's logs showed"),
+    ),
+}
+
+_ROLLBACK = (
+    ("capture_set", "int", "the capture set of the rollback's connection (1-based)"),
+    ("file", "string", "its capture file"),
+    ("conn", "int", "the connection the rollback was answered on"),
+    ("consumer", "string", "DCP_OPEN connection name (conn N when not captured)"),
+    ("stream", "int", "stream number"),
+    ("vbucket", "int", "vbucket"),
+    ("stream_id", "int", "DCP stream id (null without stream ids)"),
+    ("frame", "int", "frame of the DCP_STREAM_REQ"),
+    ("response_frame", "int", "frame of the Rollback response"),
+    ("uuid", "uint64", "the branch abandoned: the vbucket UUID the request sent"),
+    ("rollback_seqno", "uint64", "rollback seqno the server gave"),
+)
+#: table -> (column, type, meaning) of the key-history tables (:mod:`.history`, ``dcpinspect key``), in their column order
+HISTORY_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "key_versions": (
+        ("capture_set", "int", "the capture set of the item's connection (1-based)"),
+        ("file", "string", "its capture file"),
+        ("conn", "int", "connection number"),
+        ("consumer", "string", "DCP_OPEN connection name (conn N when not captured)"),
+        ("lineage", "string", "the consumer whose history it continues (a resume under another name), else the consumer"),
+        ("stream", "int", "stream number"),
+        ("vbucket", "int", "vbucket"),
+        ("stream_id", "int", "DCP stream id (null without stream ids)"),
+        ("frame", "int", "frame of the item"),
+        ("ts", "timestamp", "time of the item (UTC)"),
+        ("name", "string", "DCP_MUTATION, DELETION, EXPIRATION, PREPARE, COMMIT or ABORT"),
+        ("sync_write", "bool", "a prepare, commit or abort"),
+        ("key", "string", "key text (collection id split out)"),
+        ("cid", "uint32", "collection id (null without HELLO Collections: the default collection)"),
+        ("seqno", "uint64", "item seqno"),
+        ("cas", "uint64", "CAS"),
+        ("cas_time", "timestamp", "the CAS as its HLC time (UTC; null for a CAS that is no time)"),
+        ("rev_seqno", "uint64", "rev seqno"),
+        ("snapshot", "int", "snapshot number within the stream (-1: before any marker)"),
+        ("snap_type", "string", "the snapshot's type: memory/disk and the other flags, in words"),
+        ("snap_start", "uint64", "snapshot start seqno"),
+        ("snap_end", "uint64", "snapshot end seqno"),
+        ("fate", "string", "superseded in snapshot, superseded, re-delivered, rolled back or current"),
+        ("fate_frame", "int", "the item or rollback response that decided the fate"),
+        ("fate_seqno", "uint64", "its seqno (the rollback seqno for a rollback)"),
+        ("dedup_violation", "bool", "superseded inside a snapshot whose marker forbids duplicates"),
+    ),
+    "rollback_losses": (
+        *_ROLLBACK,
+        ("items", "int", "items the consumer had received above the rollback seqno on that branch"),
+        ("keys", "list", "their documents (key, and cid when not the default collection)"),
+        ("first_seqno", "uint64", "lowest seqno cut"),
+        ("last_seqno", "uint64", "highest seqno cut"),
+        ("redelivered", "int", "documents the new branch re-sent (a mutation or commit after the rollback)"),
+        ("possibly_lost", "int", "documents deleted, expired or not re-sent before the capture ended"),
+        ("lost_keys", "list", "the possibly lost documents"),
+    ),
+    "rollback_lost_keys": (
+        *_ROLLBACK,
+        ("key", "string", "key text"),
+        ("cid", "uint32", "collection id"),
+        ("versions", "int", "items of the document the rollback cut"),
+        ("lost_seqno", "uint64", "seqno of the last version cut"),
+        ("lost_cas", "uint64", "its CAS"),
+        ("lost_frame", "int", "its frame"),
+        ("status", "string", "redelivered or possibly lost"),
+        ("new_seqno", "uint64", "seqno of the first item of the document after the rollback"),
+        ("new_frame", "int", "its frame"),
+        ("new_name", "string", "its command"),
+        ("same_version", "bool", "it has the lost version's CAS"),
+        ("reason", "string", "what happened to the document, in words"),
+    ),
+}
+
+
 class Field(NamedTuple):
     """One field of one table: what ``dcpinspect fields`` prints a line of."""
 
@@ -185,7 +330,7 @@ class Field(NamedTuple):
 
 
 #: the tables ``dcpinspect fields --table`` knows: frames, filter (the filter's functions and operators), then the timeline's
-FIELD_TABLES: tuple[str, ...] = ("frames", "filter", *TIMELINE_COLUMNS)
+FIELD_TABLES: tuple[str, ...] = ("frames", "filter", *TIMELINE_COLUMNS, *LAG_COLUMNS, *COMPARE_COLUMNS, *HISTORY_COLUMNS)
 
 
 def fields(table: str | None = None) -> list[Field]:
@@ -200,7 +345,7 @@ def fields(table: str | None = None) -> list[Field]:
     if table in (None, "filter"):
         out += [Field("filter", syntax, "function", m) for syntax, m in FILTER_FUNCTIONS]
         out += [Field("filter", syntax, "operator", m) for syntax, m in FILTER_OPERATORS]
-    for name, cols in TIMELINE_COLUMNS.items():
+    for name, cols in (*TIMELINE_COLUMNS.items(), *LAG_COLUMNS.items(), *COMPARE_COLUMNS.items(), *HISTORY_COLUMNS.items()):
         if table in (None, name):
             out += [Field(name, n, t, m) for n, t, m in cols]
     return out

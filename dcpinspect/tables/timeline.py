@@ -13,6 +13,7 @@ UUIDs are written as 16 hex digits everywhere (``0x00000000feeddeca``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -188,8 +189,18 @@ def _attempts(t: Timeline) -> pd.DataFrame:
             row["response_frame"] = a.response_frame
             row["status_name"] = a.status_name
             row["predicted_rollback"] = a.predicted
+            row["filter"] = _request_value(a.value)
             rows.append(row)
     return _df(rows, list(rows[0]) if rows else ["stream", *_ATTEMPT_SEQNOS], _ATTEMPT_SEQNOS if rows else ())
+
+
+def _request_value(value: Any) -> str | None:
+    """A stream request's JSON value as text (its collections/scope filter, sid, purge_seqno), None without one."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def _rollbacks(t: Timeline) -> pd.DataFrame:
@@ -293,8 +304,12 @@ def _seq(v: int | None) -> str:
     return "-" if v is None else ("max" if v == MAX_SEQNO else str(v))
 
 
-def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -> str:
-    """The timeline as text: per connection what was negotiated, per stream what happened."""
+def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None, losses: pd.DataFrame | None = None) -> str:
+    """The timeline as text: per connection what was negotiated, per stream what happened.
+
+    ``losses`` (:func:`~dcpinspect.tables.history.rollback_losses` of the same read) adds under each rollback what it cost.
+    """
+    costs = _costs(losses)
     out: list[str] = []
     files = {c.file for c in t.connections.values()}
     sets = _sets(t)
@@ -321,7 +336,7 @@ def story(t: Timeline, *, vbucket: int | None = None, conn: int | None = None) -
         if (vbucket is not None and s.vbucket != vbucket) or (conn is not None and s.conn != conn):
             continue
         out.append("")
-        out.append(_stream_story(s))
+        out.append(_stream_story(s, costs))
     out.extend(_branch_story(t, vbucket, conn))
     loose = [a for a in t.anomalies if a.vbucket is None and (conn is None or a.conn == conn)]
     if loose and vbucket is None:
@@ -374,7 +389,21 @@ def _frames(frames: list[int]) -> str:
     return ", ".join(map(str, frames[:8])) + (", ..." if len(frames) > 8 else "")
 
 
-def _stream_story(s: Stream) -> str:
+def _costs(losses: pd.DataFrame | None) -> dict[tuple[int, int], str]:
+    """(conn, request frame) -> the line saying what that rollback cost (from ``rollback_losses``)."""
+    if losses is None or not len(losses):
+        return {}
+    out = {}
+    for r in losses.to_dict("records"):
+        keys = ", ".join(r["keys"][:8]) + (", ..." if len(r["keys"]) > 8 else "")
+        out[(int(r["conn"]), int(r["frame"]))] = (
+            f"the rollback cost {plural(int(r['items']), 'item')} above seqno {r['rollback_seqno']}"
+            + (f" (keys: {keys}; {r['redelivered']} re-delivered, {r['possibly_lost']} possibly lost)" if r["items"] else "")
+        )
+    return out
+
+
+def _stream_story(s: Stream, costs: dict[tuple[int, int], str] | None = None) -> str:
     head = (
         f"stream conn {s.conn} vbucket {s.vbucket}"
         + (f" sid {s.stream_id}" if s.stream_id is not None else "")
@@ -390,6 +419,8 @@ def _stream_story(s: Stream) -> str:
             req += f" -> ROLLBACK to {_seq(a.rollback_seqno)} (frame {a.response_frame})"
             if a.explanation:
                 req += f"\n      why: {a.explanation}"
+            if (s.conn, a.frame) in (costs or {}):
+                req += f"\n      cost: {(costs or {})[(s.conn, a.frame)]}"
         elif a.outcome == "error":
             req += f" -> {a.status_name} (frame {a.response_frame})"
         else:

@@ -22,11 +22,18 @@ model under a thin widget:
 * :mod:`.stepper` - :class:`~.stepper.StepperModel`, a session replayed frame
   by frame through one timeline builder; one differ per part of the state
   says what each frame changed.
+* :mod:`.panels` - the explorer's question panels (a key's history, what a
+  rollback cost, consumer lag), cut out of the store and the timeline,
+  bounded, computed only while open.
 * :mod:`.widgets` - :func:`~.widgets.explore` and :func:`~.widgets.stepper`,
   ipywidgets views that mirror a model and pass the user's actions to it.
 * :mod:`.plots` (on the drawing kit :mod:`.drawing`) and :mod:`.report` -
   matplotlib figures of a timeline, bounded whatever the capture's size, and
   one self-contained HTML page of an analysis.
+* :mod:`.plots_history`, :mod:`.plots_lag` and :mod:`.plots_compare` - the
+  pictures of the questions :mod:`dcpinspect.tables` answers: a rollback's
+  lost segment on the branch tree, consumer lag per vbucket, two consumers'
+  seqnos side by side.
 * :mod:`.labels` - a seqno and a frame list entry as text.
 * :mod:`.exercises` - :class:`~.exercises.Exercises`, the teaching notebooks'
   predict-then-check questions: a stored answer that disagrees with what the

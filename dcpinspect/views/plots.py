@@ -325,8 +325,14 @@ def plot_branches(
     max_vbuckets: int = 8,
     size: tuple[float, float] | None = None,
     layout: str = "constrained",
+    losses: Any = None,
 ) -> Figure:
     """The failover-log branch tree of a vbucket, with the consumer's resume points and rollback targets.
+
+    ``losses`` (:func:`~dcpinspect.tables.history.rollback_losses` of the same
+    read) marks each rollback's lost segment: the items the consumer had above
+    the rollback seqno on the branch it sent, a band labelled with their count
+    (``rollback-loss:VB``; :func:`~dcpinspect.views.plots_history.draw_losses`).
 
     One lane per branch (a failover-log entry: uuid and the seqno it starts
     at), in order of first sight; a branch runs from its seqno to where a newer
@@ -360,6 +366,10 @@ def plot_branches(
             a.set_title(f"vbucket {vb}: failover branches")
             continue
         _branch_tree(a, t, vb, fg, per_vb[vb])
+        if losses is not None:
+            from .plots_history import draw_losses
+
+            draw_losses(a, vb, losses)
         legend(a, theme)
         widen_left(fig, [tl.get_text() for tl in a.get_yticklabels()])
     if len(every) > len(vbs) and ax is None:

@@ -208,6 +208,8 @@ def render_report(
             f"<p class='subset'>showing {len(drawn):,} of {plural(len(parts), 'capture set')}; "
             "the rest are in the capture sets table above.</p>"
         )
+    body.append(f"<section id='lag'><h2>Consumer lag</h2>{lag_section(t, df)}</section>")
+    toc.append("<li><a href='#lag'>Consumer lag</a></li>")
     body.append(page.frames_section())
     toc.append("<li><a href='#frames'>Frames named by anomalies</a></li>")
     return "\n".join(
@@ -823,6 +825,72 @@ def report_from_captures(paths: Iterable[str], *, title: str = "dcpinspect analy
         "anomalies": len(t.anomalies),
     }
     return render_report(t, frames, status, counts=counts, title=title, sets=stats.sets or None, connections=extra)
+
+
+MAX_LAG_ROWS = 10  # consumer series in the lag table (the furthest behind)
+
+
+def _lag_frames(t: Timeline, df: Any) -> Any:
+    """Frame, capture set and time (int64 ns) of the report's frames, and of the frames only the timeline knows the time of (a sample)."""
+    import pandas as pd
+
+    from .drawing import timeline_clock
+
+    have = df[[c for c in ("frame", "capture_set", "ts") if c in df.columns]] if "frame" in df.columns else df.iloc[0:0]
+    known = {f: ts for f, ts in timeline_clock(t).items() if ts != TS_UNKNOWN}
+    seen = set(have["frame"].tolist()) if "frame" in have.columns else set()
+    missing = {f: ts for f, ts in known.items() if f not in seen}
+    extra = pd.DataFrame({"frame": list(missing), "ts": list(missing.values())}, dtype="int64")
+    extra = _add_sets(extra, t).drop(columns=["set_frame"], errors="ignore")
+    return pd.concat([x for x in (have, extra) if len(x)] or [extra], ignore_index=True)
+
+
+def lag_section(t: Timeline, df: Any) -> str:
+    """The "Consumer lag" section: the :data:`MAX_LAG_ROWS` series furthest behind and a plot of the worst one's vbucket.
+
+    From :func:`dcpinspect.tables.progress.progress` of the timeline's tables;
+    GET_ALL_VB_SEQNOS as the timeline last saw it (the answers' other values are
+    not in the frames table: ``dcpinspect lag`` reads them all).
+    """
+    from ..tables.progress import lag_summary, progress, timeline_high_seqnos
+    from ..tables.timeline import timeline_frames
+    from .plots_lag import plot_lag
+
+    try:
+        tables = timeline_frames(t)
+        tables["high_seqnos"] = timeline_high_seqnos(t.high_seqnos, df)
+        rows = progress(_lag_frames(t, df), tables)
+        every = lag_summary(rows, None)
+    except Exception as exc:  # the rest of the report is still written (rule 4)
+        return f"<p class='bad'>consumer lag failed: {esc(type(exc).__name__)}: {esc(exc)}</p>"
+    if every.empty:
+        return "<p>No DCP stream: no consumer to measure.</p>"
+    worst = every.head(MAX_LAG_ROWS)
+
+    import pandas as pd
+
+    def num(v: Any) -> Any:
+        return "" if pd.isna(v) else int(v)
+
+    def secs(v: Any) -> Any:
+        return "" if pd.isna(v) else f"{float(v):.3f}"
+
+    body = [
+        (r.capture_set, "" if pd.isna(r.consumer) else r.consumer, r.conn, r.vbucket, num(r.stream_id), num(r.max_lag_items), *more)
+        for r in worst.itertuples(index=False)
+        for more in [(secs(r.max_lag_seconds), num(r.end_lag_items), secs(r.end_lag_seconds))]
+    ]
+    head = ["set", "consumer", "conn", "vbucket", "stream id", "worst lag (items)", "worst lag (s)"]
+    head += ["lag at the end (items)", "lag at the end (s)"]
+    shown = f"the {len(worst):,} furthest behind of" if len(every) > len(worst) else "all"
+    note = (
+        f"<p class='note'>Showing {shown} {plural(len(every), 'series', 'series')} (a consumer's view of one vbucket), "
+        "furthest behind first; <code>dcpinspect lag</code> lists each one's progress.</p>"
+    )
+    vb = int(worst["vbucket"].iloc[0])
+    fig = figure_img(lambda: _wide(lambda ax: plot_lag(rows, vb, ax=ax, max_series=4)), f"consumer lag, vbucket {vb}", dpi=_DPI)
+    ids = [f"lag-{k}" for k in range(len(body))]  # anchors to link a series to
+    return note + table(head, body, limit=MAX_LAG_ROWS, row_ids=ids) + fig
 
 
 def _file_state(info: Mapping[str, Any]) -> str:
