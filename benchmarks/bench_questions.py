@@ -35,14 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_capture import capture  # noqa: E402
+from bench_capture import capture
 
-from dcpinspect import build_timeline, read_records  # noqa: E402
-from dcpinspect.tables.compare import compare_consumers, select_consumer  # noqa: E402
-from dcpinspect.tables.export import frames_df  # noqa: E402
-from dcpinspect.tables.history import key_history, key_versions, rollback_losses  # noqa: E402
-from dcpinspect.tables.progress import lag_summary, progress  # noqa: E402
-from dcpinspect.tables.timeline import timeline_frames  # noqa: E402
+from dcpinspect import build_timeline, read_records
+from dcpinspect.tables.compare import compare_consumers, select_consumer
+from dcpinspect.tables.export import frames_df
+from dcpinspect.tables.history import key_history, key_versions, rollback_losses
+from dcpinspect.tables.progress import lag_summary, progress
+from dcpinspect.tables.timeline import timeline_frames
 
 
 def best(fn: Callable[[], Any], runs: int) -> tuple[float, Any]:
