@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_capture import capture
 
-from dcpinspect import build_timeline, read_records
+from dcpinspect.capture.read import read_records
 from dcpinspect.tables.compare import compare_consumers, select_consumer
 from dcpinspect.tables.export import frames_df
 from dcpinspect.tables.history import key_history, key_versions, rollback_losses
 from dcpinspect.tables.progress import lag_summary, progress
 from dcpinspect.tables.timeline import timeline_frames
+from dcpinspect.timeline import build_timeline
 
 
 def best(fn: Callable[[], Any], runs: int) -> tuple[float, Any]:
