@@ -71,9 +71,11 @@ __all__ = [
     "compare_consumers",
     "comparison_records",
     "comparison_text",
+    "consumer_conns",
     "consumer_from_records",
     "consumer_names",
     "default_pair",
+    "describe_consumer",
     "read_consumer",
     "select_consumer",
 ]
@@ -118,7 +120,7 @@ def consumer_names(tables: Mapping[str, pd.DataFrame]) -> list[tuple[int, str]]:
     return [(int(c), str(n)) for c, n in zip(named["conn"], named["name"], strict=True)]
 
 
-def _conns_of(tables: Mapping[str, pd.DataFrame], selector: int | str | None) -> list[int] | None:
+def consumer_conns(tables: Mapping[str, pd.DataFrame], selector: int | str | None) -> list[int] | None:
     """The connections ``selector`` names (None: all); ``ValueError`` naming what there is when it names none."""
     if selector is None:
         return None
@@ -137,7 +139,7 @@ def _conns_of(tables: Mapping[str, pd.DataFrame], selector: int | str | None) ->
 
 def select_consumer(frames: pd.DataFrame, tables: Mapping[str, pd.DataFrame], selector: int | str | None) -> Consumer:
     """The rows of the consumer ``selector`` names: a connection number, or every connection that opened DCP with that name (None: all)."""
-    conns = _conns_of(tables, selector)
+    conns = consumer_conns(tables, selector)
     if conns is None:
         return frames, tables
     picked = {name: df[df["conn"].isin(conns)] if "conn" in df.columns else df for name, df in tables.items()}
@@ -760,8 +762,9 @@ def consumer_from_records(records: Iterable[Any]) -> Consumer:
     return frames_df(recs), timeline_frames(t)
 
 
-def _describe(source: str, tables: Mapping[str, pd.DataFrame], selector: int | str | None) -> str:
-    conns = _conns_of(tables, selector)
+def describe_consumer(source: str, tables: Mapping[str, pd.DataFrame], selector: int | str | None) -> str:
+    """How a comparison names a consumer: its DCP_OPEN name or connections, and the source it was read from."""
+    conns = consumer_conns(tables, selector)
     named = dict(consumer_names(tables))
     picked = conns if conns is not None else [int(c) for c in tables["connections"]["conn"]] if "connections" in tables else []
     bits = [f"conn {c}" + (f" ({named[c]!r})" if c in named else "") for c in picked]
@@ -808,8 +811,8 @@ def compare(
     a = select_consumer(*first, sel_a)
     b = select_consumer(*second, sel_b)
     names = {
-        "a": _describe(_label(source_a), first[1], sel_a),
-        "b": _describe(_label(source_b if source_b is not None else source_a), second[1], sel_b),
+        "a": describe_consumer(_label(source_a), first[1], sel_a),
+        "b": describe_consumer(_label(source_b if source_b is not None else source_a), second[1], sel_b),
     }
     return compare_consumers(a, b, vbucket=vbucket, names=names)
 

@@ -11,9 +11,10 @@ jumping to, and which frame a click on either picture hit), and the question
 panels (:mod:`dcpinspect.views.panels`): a key's history
 (:meth:`ExplorerModel.key_history`), what the shown stream's rollbacks cost
 (:meth:`ExplorerModel.rollback_costs`, marked on the branch tree while that
-panel is open) and consumer lag (:meth:`ExplorerModel.lag`,
-:meth:`ExplorerModel.lag_figure`), each computed only when asked and again
-after the timeline changed.  Live mode folds
+panel is open), consumer lag (:meth:`ExplorerModel.lag`,
+:meth:`ExplorerModel.lag_figure`) and two consumers compared
+(:meth:`ExplorerModel.comparison`, :meth:`ExplorerModel.compare_figure`),
+each computed only when asked and again after the timeline changed.  Live mode folds
 records appended from a proxy, client or capture callback in at most every
 ``interval`` seconds.  Threads and event loops are reached only through a
 :class:`~dcpinspect.views.background.Background`.  Listeners registered with
@@ -242,6 +243,8 @@ class ExplorerModel:
         self._answers: dict[tuple[Any, ...], Any] = {}  # the panels' answers for ``_answers_stamp``
         self._answers_stamp: tuple[int, int] | None = None
         self._lag_shown: Shown | None = None  # the lag picture last shown (what a click on it is hit-tested on)
+        self.compare_query: tuple[int | str, int | str, int | None] | None = None  # the compare panel's (a, b, vbucket)
+        self._compare_shown: Shown | None = None  # the comparison picture last shown
 
     # --- construction ---------------------------------------------------------
     @classmethod
@@ -380,7 +383,7 @@ class ExplorerModel:
 
     # --- listeners ----------------------------------------------------------------
     def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``, ``plot``, ``panels``, ``key``."""
+        """Call ``callback(what)`` on every change: ``rows``, ``filters``, ``page``, ``selection``, ``plot``, ``panels``, ``key``, ``compare``."""
         self._listeners.append(callback)
 
     def _notify(self, what: str) -> None:
@@ -846,9 +849,103 @@ class ExplorerModel:
             self.select(frame)
         return frame
 
+    def consumers(self) -> list[tuple[str, int | str]]:
+        """(label, selector) of the consumers the compare panel may pick: DCP_OPEN names, then connections (:mod:`.panels` rule 6)."""
+        from .panels import consumer_choices
+
+        return consumer_choices(self._tables()) if self.timeline is not None else []
+
+    def set_compare(self, a: int | str | None, b: int | str | None, vbucket: int | None = None) -> None:
+        """The compare panel's question: consumers ``a`` and ``b`` (a DCP_OPEN name or a connection; ``None``: the default pair)."""
+        query = None if a is None or b is None else (a, b, vbucket)
+        if query != self.compare_query:
+            self.compare_query = query
+            self._notify("compare")
+
+    def compare_pair(self) -> tuple[int | str, int | str, int | None] | None:
+        """The pair compared: :attr:`compare_query`, else the capture's two DCP_OPEN names (:func:`~dcpinspect.tables.compare.default_pair`)."""
+        from ..tables.compare import default_pair
+
+        if self.compare_query is not None:
+            return self.compare_query
+        if self.timeline is None:
+            return None
+        try:
+            a, b = default_pair(self._tables())
+        except ValueError:
+            return None
+        return a, b, None
+
+    def comparison(self) -> Any:
+        """The :class:`~dcpinspect.tables.compare.Comparison` of :meth:`compare_pair` (``None``: no pair picked).
+
+        :func:`~dcpinspect.tables.compare.compare_consumers` over the
+        timeline's tables and every item of the two consumers' streams
+        rebuilt from the store, with four columns of the frames table
+        (:mod:`.panels` rule 1): what :func:`~dcpinspect.tables.compare.compare` answers on the capture.
+        A selector that names nothing raises ``ValueError``.
+        """
+        pair = self.compare_pair()
+        return None if pair is None else self._answer(("compare", *pair), lambda: self._comparison(*pair))
+
+    def _comparison(self, a: int | str, b: int | str, vbucket: int | None) -> Any:
+        from ..tables.compare import compare_consumers, consumer_conns, describe_consumer, select_consumer
+        from .panels import compare_frames_table, item_table
+
+        t = self.timeline
+        if t is None:
+            raise ValueError("this explorer has no timeline")
+        tables = self._tables()
+        conns = set()
+        for sel in (a, b):
+            picked = consumer_conns(tables, sel)
+            conns |= set(picked) if picked is not None else {c.conn for c in t.connections.values()}
+        mine = [i for i, s in enumerate(t.streams) if s.conn in conns and (vbucket is None or s.vbucket == vbucket)]
+        items = item_table(self, mine)
+        frames = compare_frames_table(self, items["frame"].to_numpy(dtype=np.int64), (c for c in conns if c is not None))
+        both = {**tables, "items": items}
+        label = ", ".join([*self.stats.files] or self.store.files) or "explorer"  # as compare() names a capture
+        names = {"a": describe_consumer(label, tables, a), "b": describe_consumer(label, tables, b)}
+        return compare_consumers(select_consumer(frames, both, a), select_consumer(frames, both, b), vbucket=vbucket, names=names)
+
+    def compare_figure(self, *, theme: str = "light") -> Any:
+        """:func:`~dcpinspect.views.plots_compare.plot_compare` of :meth:`comparison` (``None``: no pair picked)."""
+        from .plots_compare import plot_compare
+
+        c = self.comparison()
+        return None if c is None else plot_compare(c, theme=theme)
+
+    def compare_shown(self, *, theme: str = "light") -> Shown:
+        """:meth:`compare_figure` as a picture (``figures["compare"]``), drawn again only when the timeline or the pair changed."""
+        pair = self.compare_pair()
+        key = ("compare figure", pair, theme)
+        fig = self._answer(key, lambda: Shown(key, {"compare": self.compare_figure(theme=theme)}, []))
+        self._compare_shown = fig
+        return fig
+
+    def select_compare_click(self, x: float, y: float) -> int | None:
+        """Select the frame under a click at pixel (``x``, ``y``) of the comparison picture last :meth:`compare_shown`."""
+        shown = self._compare_shown
+        frame = shown.frame_at("compare", x, y) if shown is not None else None
+        if frame is not None and self.store.row_of(frame) is not None:
+            self.select(frame)
+        return frame
+
+    def select_difference(self, k: int) -> int | None:
+        """Select the first evidence frame of row ``k`` of the comparison's table (:func:`~dcpinspect.views.panels.first_evidence`)."""
+        from .panels import first_evidence
+
+        c = self.comparison()
+        if c is None or not 0 <= k < len(c.table):
+            return None
+        frame = first_evidence(c.table.iloc[k].to_dict())
+        if frame is not None and self.store.row_of(frame) is not None:
+            self.select(frame)
+        return frame
+
     def panel_html(self, name: str) -> str:
         """A panel's answer as escaped HTML (the widget's content and the static rendering)."""
-        from .panels import HISTORY_SHOWN, LAG_SHOWN, LOSS_SHOWN, html_table
+        from .panels import COMPARE_SHOWN, HISTORY_SHOWN, LAG_SHOWN, LOSS_SHOWN, html_table, story_html
 
         if name == "key":
             df = self.key_rows()
@@ -869,6 +966,14 @@ class ExplorerModel:
             return f"<p>stream {i}: rollbacks and what they cost</p>" + html_table(df, LOSS_SHOWN)
         if name == "lag":
             return "<p>consumer lag, worst first</p>" + html_table(self.lag_summary(None), LAG_SHOWN)
+        if name == "compare":
+            try:
+                c = self.comparison()
+            except ValueError as exc:
+                return f"<p>{html.escape(safe_text(str(exc), 300))}</p>"
+            if c is None:
+                return "<i>pick two consumers to compare</i>"
+            return story_html(c.story) + html_table(c.table, COMPARE_SHOWN)
         raise KeyError(f"no panel {name!r}")
 
     # --- choices for the filter widgets ---------------------------------------------

@@ -1,7 +1,8 @@
-"""The explorer's question panels: a key's history, what the shown stream's rollbacks cost, consumer lag (no widget toolkit here).
+"""The explorer's question panels: a key's history, what the shown stream's rollbacks cost, consumer lag, two consumers compared (no widget toolkit here).
 
 Theory of operation: the answers are the pure functions of
-:mod:`dcpinspect.tables.history` and :mod:`dcpinspect.tables.progress`, run
+:mod:`dcpinspect.tables.history` , :mod:`dcpinspect.tables.progress` and
+:mod:`dcpinspect.tables.compare`, run
 on tables this module cuts out of an :class:`~dcpinspect.views.explorer.ExplorerModel`:
 its :class:`~dcpinspect.views.store.FrameStore` (Arrow) and its timeline
 (``timeline_frames(t, items=False)``).  The timeline the explorer keeps has
@@ -16,7 +17,12 @@ store's columns.
    with each stream's first item and its last before each stream request
    of its vbucket (what finds a consumer resuming another's state); the
    rollback cost takes the items of the streams of one vbucket; the lag
-   takes, per stream and snapshot, the items that decide a lag (rule 2).
+   takes, per stream and snapshot, the items that decide a lag (rule 2);
+   the comparison takes every item of the two consumers' streams (a
+   difference is any one item) and, of the frames table, only ``frame``,
+   ``conn_id``, ``key`` and ``cid`` of those items' rows and of each
+   connection's last row (what says a connection closed below a seqno), cut
+   in Arrow (:func:`compare_frames_table`).
 2. The lag's items: the producer's high seqno of a vbucket only takes
    values its snapshot markers, stream requests and reports name (an item is
    at most its snapshot's end), and between two such values the time the high
@@ -39,7 +45,11 @@ store's columns.
    computed only when asked (a panel the user opened); a live fold makes a
    new timeline, so the next look computes it again.
 5. Text off the wire (keys, consumer names) is escaped in every HTML
-   rendering here (:func:`html_table`).
+   rendering here (:func:`html_table`, :func:`story_html`).
+6. The consumers a comparison may pick (:func:`consumer_choices`): each
+   DCP_OPEN name once (every connection that opened with it), then every
+   connection by number (two connections of one name, or one that never
+   opened DCP in the capture).
 """
 
 from __future__ import annotations
@@ -63,12 +73,17 @@ if TYPE_CHECKING:
     from .store import FrameStore
 
 __all__ = [
+    "COMPARE_SHOWN",
     "HISTORY_SHOWN",
     "LAG_SHOWN",
     "LOSS_SHOWN",
     "MAX_LOOSE_HIGHS",
     "PANELS",
     "SEQNO_ADVANCED",
+    "compare_frames_table",
+    "consumer_choices",
+    "difference_label",
+    "first_evidence",
     "high_values",
     "html_table",
     "item_table",
@@ -78,10 +93,11 @@ __all__ = [
     "parse_collection",
     "resume_witnesses",
     "rows_of_frames",
+    "story_html",
 ]
 
 #: the panels a view may open (the model computes a panel's answer only while it is open)
-PANELS = ("key", "rollback", "lag")
+PANELS = ("key", "rollback", "lag", "compare")
 #: columns of a key's history shown in a table
 HISTORY_SHOWN = (
     "frame",
@@ -102,6 +118,10 @@ HISTORY_SHOWN = (
 LOSS_SHOWN = ("frame", "response_frame", "stream", "vbucket", "rollback_seqno", "items", "redelivered", "possibly_lost", "lost_keys")
 #: columns of the lag summary shown
 LAG_SHOWN = ("consumer", "conn", "vbucket", "stream_id", "max_lag_items", "max_lag_seconds", "end_lag_items", "end_lag_seconds")
+#: columns of a comparison's differences shown
+COMPARE_SHOWN = ("vbucket", "only_in", "seqno_from", "seqno_to", "items", "keys", "reason", "explanation", "evidence_a", "evidence_b")
+#: the frames table's columns a comparison reads (:func:`~dcpinspect.tables.compare.compare_consumers`)
+COMPARE_FRAME_COLUMNS = ["frame", "conn_id", "key", "cid"]
 _ITEM_COLUMNS = ["stream", "conn", "capture_set", "file", "vbucket", "frame", "ts", "name", "seqno", "snapshot"]
 #: the command name of a SEQNO_ADVANCED (kept whole by the lag, rule 2)
 SEQNO_ADVANCED = Opcode.DCP_SEQNO_ADVANCED.name
@@ -353,3 +373,56 @@ def cell_text(v: Any) -> str:
 def merged(tables: Mapping[str, pd.DataFrame], **more: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """``tables`` with ``more`` added (a new dict: the cached tables are never changed)."""
     return {**tables, **more}
+
+
+def consumer_choices(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, int | str]]:
+    """Rule 6: (label, selector) of every consumer a comparison may pick: DCP_OPEN names (a str), then connections (an int)."""
+    from ..tables.compare import consumer_names
+
+    named = consumer_names(tables)
+    out: list[tuple[str, int | str]] = []
+    for name in dict.fromkeys(n for _c, n in named):
+        conns = [c for c, n in named if n == name]
+        out.append((safe_text(f"{name!r} (conn {', '.join(map(str, conns))})", 120), name))
+    conns_df = tables.get("connections")
+    names = dict(named)
+    for c in [] if conns_df is None or not len(conns_df) else [int(c) for c in conns_df["conn"]]:
+        out.append((safe_text(f"conn {c}" + (f" ({names[c]!r})" if c in names else ""), 120), c))
+    return out
+
+
+def compare_frames_table(model: ExplorerModel, item_frames: np.ndarray, conns: Iterable[int]) -> pd.DataFrame:
+    """Rule 1: ``frame, conn_id, key, cid`` of the items' rows and of each of ``conns``' last row, cut in Arrow, as pandas."""
+    from ..tables.schema import pandas_dtype
+
+    table = model.store.compact.select(["frame", "conn_id"])
+    wanted = pa.array(sorted({int(c) for c in conns}), table.schema.field("conn_id").type)
+    mine = table.filter(pc.fill_null(pc.is_in(table.column("conn_id"), value_set=wanted), False))
+    last = mine.group_by("conn_id").aggregate([("frame", "max")]).column("frame_max").to_numpy(zero_copy_only=False)
+    frames = np.union1d(np.asarray(item_frames, np.int64), np.asarray(last, np.int64))
+    rows = rows_of_frames(model, frames)
+    return model.store.take(np.sort(rows), COMPARE_FRAME_COLUMNS).to_pandas(types_mapper=pandas_dtype)
+
+
+def first_evidence(row: Mapping[str, Any]) -> int | None:
+    """The frame a difference row is shown by: the first evidence frame of the consumer that has the items, else the other's."""
+    side = str(row.get("only_in") or "a")
+    for col in (f"evidence_{side}", "evidence_b" if side == "a" else "evidence_a"):
+        frames = row.get(col)
+        if frames is not None and len(frames):
+            return int(frames[0])
+    return None
+
+
+def difference_label(row: Mapping[str, Any]) -> str:
+    """One difference of a comparison as a line of a list (text off the wire made safe)."""
+    seqnos = f"{row['seqno_from']}" if row["seqno_from"] == row["seqno_to"] else f"{row['seqno_from']}-{row['seqno_to']}"
+    keys = cell_text(list(row["keys"])[:3]) + (", ..." if len(row["keys"]) > 3 else "")
+    text = f"vb {row['vbucket']}  only in {row['only_in']}  seqnos {seqnos}  ({row['items']} items: {keys})  {row['reason']}: {row['explanation']}"
+    return safe_text(text, 300)
+
+
+def story_html(story: str) -> str:
+    """A comparison's story as escaped HTML (each line made safe: it quotes keys and consumer names off the wire)."""
+    lines = "\n".join(html.escape(safe_text(line, 1000)) for line in story.splitlines())
+    return f'<pre class="dcpinspect-compare-story">{lines}</pre>'

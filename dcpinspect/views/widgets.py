@@ -16,8 +16,11 @@
   question panels (one open at a time; a folded one costs nothing): a key's
   history (a key and an optional collection id; a version picked selects its
   frame), the shown stream's rollbacks and what they cost (the branch tree
-  marks the lost segment while it is open), and consumer lag (the worst
-  first, and the plot of the shown stream's vbucket; a click selects a frame).
+  marks the lost segment while it is open), consumer lag (the worst
+  first, and the plot of the shown stream's vbucket; a click selects a frame),
+  and two consumers compared (two dropdowns of the capture's consumers, the
+  story, the differences - one picked selects its first evidence frame - and
+  the plot of both consumers' seqnos; a click on it selects a frame).
 * :func:`stepper` - the teaching mode: play/next/previous/speed over a session,
   each frame's annotation and what it changed in the stream's state.
 
@@ -49,10 +52,12 @@ __all__ = ["PANE_HEIGHT", "ExplorerView", "FigureImage", "StepperView", "explore
 BIG = 32 << 20  # captures larger than this (bytes) are read in the background by default
 _ANY = ("any", None)
 _EVERY = ("every stream (the most interesting first)", None)
+_PICK = ("(pick a consumer)", None)
 _PANEL_TITLES = (
     "key history: every version of a key and its fate",
     "rollback cost: what the shown stream's rollbacks lost",
     "consumer lag",
+    "compare consumers: why one has what the other has not",
 )
 
 
@@ -233,10 +238,17 @@ class ExplorerView(_Static, w.VBox):
         self.rollback_html = w.HTML()
         self.lag_html = w.HTML()
         self.lag_img = FigureImage(layout=w.Layout(display="none", width="100%"))
+        self.compare_a = w.Dropdown(description="a", options=[_PICK], layout=w.Layout(width="45%"))
+        self.compare_b = w.Dropdown(description="b", options=[_PICK], layout=w.Layout(width="45%"))
+        self.compare_story = w.HTML()
+        self.compare_list = w.Select(options=[], rows=8, layout=w.Layout(width="100%"))
+        self.compare_list.add_class("dcpinspect-compare")
+        self.compare_img = FigureImage(layout=w.Layout(display="none", width="100%"))
         boxes = [
             w.VBox([w.HBox([self.key_text, self.collection_text]), self.key_msg, self.key_list]),
             w.VBox([self.rollback_html]),
             w.VBox([self.lag_html, self.lag_img]),
+            w.VBox([w.HBox([self.compare_a, self.compare_b]), self.compare_story, self.compare_list, self.compare_img]),
         ]
         self.panel_box = w.Accordion(children=boxes, titles=_PANEL_TITLES, selected_index=None, layout=w.Layout(width="100%"))
         self.panel_box.observe(self._on_panel, names="selected_index")
@@ -244,6 +256,10 @@ class ExplorerView(_Static, w.VBox):
         self.collection_text.observe(lambda _c: self._on_key(), names="value")
         self.key_list.observe(self._on_select, names="value")
         self.lag_img.observe(lambda c: self._on_lag_click(c["new"]), names="click")
+        self.compare_a.observe(lambda _c: self._on_compare(), names="value")
+        self.compare_b.observe(lambda _c: self._on_compare(), names="value")
+        self.compare_list.observe(self._on_difference, names="value")
+        self.compare_img.observe(lambda c: self._on_compare_click(c["new"]), names="click")
 
     # --- widget -> model -------------------------------------------------------
     def _on_panel(self, change: Any) -> None:
@@ -270,6 +286,21 @@ class ExplorerView(_Static, w.VBox):
             self.key_msg.value = f'<span style="color:#D55E00">not a collection id: {html.escape(self.collection_text.value)}</span>'
             return
         self.model.set_key(self.key_text.value, collection)
+
+    def _on_compare(self) -> None:
+        """The user picked a consumer: both picked, that pair compared (one of them "any": the default pair)."""
+        if not self._syncing:
+            self.model.set_compare(self.compare_a.value, self.compare_b.value)
+
+    def _on_difference(self, change: Any) -> None:
+        """A difference picked: select its first evidence frame."""
+        if not self._syncing and change["new"] is not None:
+            self.model.select_difference(int(change["new"]))
+
+    def _on_compare_click(self, click: list[float]) -> None:
+        """A click on the comparison plot: select the frame of the band or tick under it."""
+        if len(click) >= 2:
+            self.model.select_compare_click(float(click[0]), float(click[1]))
 
     def _on_lag_click(self, click: list[float]) -> None:
         """A click on the lag plot: select the frame of the point under it (the lines carry their rows' frames)."""
@@ -338,7 +369,7 @@ class ExplorerView(_Static, w.VBox):
             self._syncing = False
         if self.plots and what in ("selection", "rows", "filters", "plot", "panels") and not (what == "rows" and m.loading):
             self._draw()  # a load's pictures are drawn once, at its end
-        if what in ("rows", "selection", "plot", "panels", "key") and not m.loading and m.builder is not None:
+        if what in ("rows", "selection", "plot", "panels", "key", "compare") and not m.loading and m.builder is not None:
             self._draw_panels(what)
 
     def _options(self) -> None:
@@ -399,8 +430,43 @@ class ExplorerView(_Static, w.VBox):
                 if self.plots:
                     shown = m.lag_shown(theme=self.theme)
                     _set_png(self.lag_img, shown.png("lag", self.lag_img.width or None), shown.describe("lag"))
+            if "compare" in m.panels and what in ("rows", "panels", "compare"):
+                self._draw_compare()
         finally:
             self._syncing = False
+
+    def _draw_compare(self) -> None:
+        """The compare panel: the consumers to pick, the story, the differences and the plot (computed now: the panel is open)."""
+        m = self.model
+        choices = [_PICK, *m.consumers()]
+        for d in (self.compare_a, self.compare_b):
+            if tuple(d.options) != tuple(choices):
+                d.options = choices
+        try:
+            pair = m.compare_pair()
+            c = m.comparison()
+        except ValueError as exc:  # a selector naming nothing (a consumer of another capture)
+            pair, c = None, None
+            self.compare_story.value = f"<p>{html.escape(safe_text(str(exc), 300))}</p>"
+        a, b = (pair[0], pair[1]) if pair is not None else (None, None)
+        self.compare_a.value = a if any(v == a for _l, v in choices) else None
+        self.compare_b.value = b if any(v == b for _l, v in choices) else None
+        for d in (self.compare_a, self.compare_b):
+            _show_any(d)
+        if c is None:
+            if pair is None:
+                self.compare_story.value = "<i>pick two consumers: what each has that the other has not, and why, shows here</i>"
+            self.compare_list.options = []
+            _set_png(self.compare_img, b"")
+            return
+        from .panels import difference_label, story_html
+
+        self.compare_story.value = story_html(c.story)
+        self.compare_list.options = [(difference_label(r), k) for k, r in enumerate(c.table.to_dict("records"))]
+        self.compare_list.value = None
+        if self.plots:
+            shown = m.compare_shown(theme=self.theme)
+            _set_png(self.compare_img, shown.png("compare", self.compare_img.width or None), shown.describe("compare"))
 
     def _draw_key(self) -> None:
         m = self.model
