@@ -293,6 +293,15 @@ class Bucket:
         return {vb.id: vb.high_seqno for vb in self.vbuckets if vb.state == _ACTIVE}
 
     # --- scenario controls ---------------------------------------------------------
+    def _rewind_revs(self, vb: VBucket, docs: set[tuple[int, bytes]]) -> None:
+        """The promoted replica never had the lost versions: each document's rev seqno is its last kept version's again."""
+        kept = {(r.cid, r.key): r.rev_seqno for r in vb.log if r.kind != "system" and (r.cid, r.key) in docs}
+        for dk in docs:
+            if dk in kept:
+                self._values[dk] = kept[dk]
+            else:
+                self._values.pop(dk, None)
+
     def failover(self, vbucket: int, *, lose: int = 0, partial: int = 0) -> int:
         """Hard-fail the vbucket's active node over: its replica is promoted; returns the new UUID.
 
@@ -321,7 +330,9 @@ class Bucket:
         old, new = vb.nodes[0], replicas[0]
         if lose:
             vb.high_seqno = max(vb.high_seqno - lose, 0)
+            lost = {(r.cid, r.key) for r in vb.log if r.seqno > vb.high_seqno and r.kind != "system"}
             vb.log = [r for r in vb.log if r.seqno <= vb.high_seqno]
+            self._rewind_revs(vb, lost)
             for cid, high in list(vb.collection_highs.items()):
                 if high > vb.high_seqno:
                     vb.collection_highs[cid] = max((r.seqno for r in vb.log if r.cid == cid), default=0)

@@ -51,3 +51,16 @@ def test_create_collection_passes_its_max_ttl_to_the_begin_event() -> None:
     cid = sim.create_collection("hotels", max_ttl=3600)
     event = sim.bucket.vbuckets[0].log[-1]
     assert (event.kind, event.key, event.cid, event.max_ttl) == ("system", b"hotels", cid, 3600)
+
+
+def test_a_failover_rewinds_the_rev_seqnos_of_the_versions_the_replica_never_had() -> None:
+    sim = Simulator(vbuckets=1, items=0, seed=1, nodes=2)
+    sim.mutate("cart", {"n": 1})  # rev 1
+    sim.mutate("cart", {"n": 2})  # rev 2
+    sim.mutate("cart", {"n": 3})  # rev 3, lost below
+    sim.mutate("gone", {"n": 1})  # rev 1, lost below
+    sim.failover(0, lose=2)
+    sim.mutate("cart", {"n": 4})
+    sim.mutate("gone", {"n": 2})
+    revs = [(r.key, r.rev_seqno) for r in sim.bucket.vbuckets[0].log]
+    assert revs == [(b"cart", 1), (b"cart", 2), (b"cart", 3), (b"gone", 1)]  # the promoted replica writes rev 3 again, and gone starts anew
