@@ -384,6 +384,7 @@ def streams_with_frames(t: Any, frames: set[int]) -> Any:
 
 def _timeline(args: argparse.Namespace, console: Console) -> int:
     from ..tables.history import frames_of, item_batch, rollback_losses
+    from ..tables.stats import json_records
     from ..tables.timeline import story, timeline_frames
     from ..tables.timeline_feed import feed_parts
 
@@ -403,8 +404,11 @@ def _timeline(args: argparse.Namespace, console: Console) -> int:
     if flt is not None:
         t = streams_with_frames(t, matched)
     bad = _report_files(stats)
+    rolled = any(a.outcome == "rollback" for s in t.streams for a in s.attempts)
+    losses = rollback_losses(frames_of(items), timeline_frames(t)) if rolled else None
     if args.json:
-        # connection headers, streams, connection-level anomalies (no stream), then one object per failover history
+        # connection headers, streams, connection-level anomalies (no stream), what each rollback cost, then one object per
+        # failover history
         for c in t.connections.values():
             if args.conn is None or c.conn == args.conn:
                 out.write(json.dumps({"connection": c.as_dict()}) + "\n")
@@ -414,6 +418,9 @@ def _timeline(args: argparse.Namespace, console: Console) -> int:
         for a in t.anomalies:
             if a.vbucket is None and args.vbucket is None and (args.conn is None or a.conn == args.conn):
                 out.write(json.dumps({"anomaly": {**a.as_dict(), "conn": a.conn}}) + "\n")
+        for row in [] if losses is None else json_records(losses):
+            if (args.vbucket is None or row["vbucket"] == args.vbucket) and (args.conn is None or row["conn"] == args.conn):
+                out.write(json.dumps({"rollback_loss": row}) + "\n")
         for (cs, vb, h), branches in t.histories().items():
             if args.vbucket is None or vb == args.vbucket:
                 tree = [
@@ -422,8 +429,6 @@ def _timeline(args: argparse.Namespace, console: Console) -> int:
                 ]
                 out.write(json.dumps({"vbucket": vb, "capture_set": cs, "history": h, "branches": tree}) + "\n")
     else:
-        rolled = any(a.outcome == "rollback" for s in t.streams for a in s.attempts)
-        losses = rollback_losses(frames_of(items), timeline_frames(t)) if rolled else None
         text = story(t, vbucket=args.vbucket, conn=args.conn, losses=losses)
         out.write("".join(safe_text(line) + "\n" for line in text.splitlines()))
     return 1 if bad else 0
@@ -605,7 +610,8 @@ def _timeline_arguments(tl: argparse.ArgumentParser) -> None:
     tl.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object per connection, per stream, per connection-level anomaly, then one per failover history (vbucket, capture set, history)",
+        help="one JSON object per connection, per stream, per connection-level anomaly, per rollback's cost (rollback_loss: the "
+        "items cut, re-delivered or possibly lost), then one per failover history (vbucket, capture set, history)",
     )
     tl.add_argument("--vbucket", type=int, help="only this vbucket")
     tl.add_argument("--conn", type=int, help="only this connection")

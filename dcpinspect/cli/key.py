@@ -146,16 +146,6 @@ def _read(args: argparse.Namespace, stats: CaptureStats, names: bool) -> Any:
     return KeyTables(frames_of(batches), tables, t, collections)
 
 
-def _json_value(v: Any) -> Any:
-    if _none(v) if not isinstance(v, (list, tuple)) else False:
-        return None
-    if hasattr(v, "value") and hasattr(v, "tz"):  # a Timestamp: seconds since the epoch
-        return round(v.value / 1e9, 6)
-    if hasattr(v, "item"):
-        return v.item()
-    return v
-
-
 def _key(args: argparse.Namespace, console: Console) -> int:
     from ..tables.history import key_absence, key_versions
 
@@ -177,8 +167,10 @@ def _key(args: argparse.Namespace, console: Console) -> int:
     out = console.out
     closing = summary(versions, args.key, absence)
     if args.json:
-        for row in versions.to_dict("records"):
-            out.write(json.dumps({k: _json_value(v) for k, v in row.items()}) + "\n")
+        from ..tables.stats import json_records
+
+        for row in json_records(versions):
+            out.write(json.dumps(row) + "\n")
         out.write(json.dumps({"summary": closing, "key": args.key, "collection": collection, "seen": bool(len(versions))}) + "\n")
     else:
         for row in versions.to_dict("records"):

@@ -95,3 +95,11 @@ def test_the_timeline_story_says_what_each_rollback_cost() -> None:
     assert "cost: the rollback cost 3 items above seqno 12 (keys: before-loss-004, before-loss-006, before-loss-008" in out
     code, out = run("timeline", str(CAPTURES / "live-plain.pcap"))
     assert code == 0 and "cost:" not in out  # no rollback, no cost line
+
+
+def test_timeline_json_has_each_rollbacks_cost() -> None:
+    code, out = run("timeline", str(CAPTURES / "live-failover-branches.pcap"), "--json")
+    assert code == 0
+    (loss,) = [json.loads(line)["rollback_loss"] for line in out.splitlines() if '"rollback_loss"' in line]
+    assert (loss["rollback_seqno"], loss["items"], loss["possibly_lost"]) == (12, 3, 3)
+    assert loss["lost_keys"] == ["before-loss-004", "before-loss-006", "before-loss-008"]
