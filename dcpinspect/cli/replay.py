@@ -138,7 +138,16 @@ async def _serve(script: Any, listen: tuple[str, int], users: dict[str, str], ar
         if args.once:
             done.set()
 
-    server = ReplayServer(script, host=listen[0], port=listen[1], pace=args.pace, users=users, on_divergence=divergence, on_closed=closed)
+    server = ReplayServer(
+        script,
+        host=listen[0],
+        port=listen[1],
+        pace=args.pace,
+        users=users,
+        on_divergence=divergence,
+        on_closed=closed,
+        source=", ".join(args.captures),
+    )
     with _log_to_stderr(log):
         try:
             await server.start()

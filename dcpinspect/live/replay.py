@@ -475,6 +475,10 @@ class ReplayConnection(ProducerConnection):
         """Every stream opened has ended and nothing recorded is left to send."""
         return not any(not s.ended for s in self.streams.values())
 
+    def divergence_rows(self) -> list[dict[str, Any]]:
+        """One row per divergence: conn (serial), at (seconds since the connection began), kind, asked, recorded, answered."""
+        return [{"conn": self.serial, **asdict(d)} for d in self.divergences]
+
     def summary(self) -> dict[str, Any]:
         """What this client got: frames each way, streams (recorded, by rule), items, divergences, why it closed."""
         return {

@@ -17,6 +17,11 @@ Inside a running event loop::
 3. ``on_divergence(conn, divergence)`` is called for each divergence as it
    happens, ``on_closed(conn)`` once a connection ended (its
    :meth:`~dcpinspect.live.replay.ReplayConnection.summary` is final).
+4. :meth:`ReplayServer.divergences` and :meth:`ReplayServer.summaries` are
+   the rows of every connection so far (plain dicts: this layer has no
+   pandas); :func:`dcpinspect.views.replay_view.divergences_frame` and
+   :func:`~dcpinspect.views.replay_view.replay_summary` make DataFrames of
+   them, :func:`~dcpinspect.views.replay_view.replay_view` a notebook widget.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class ReplayServer:
         users: user name -> password for SASL (default ``Administrator:password``).
         on_divergence: called with (connection, divergence) as each happens.
         on_closed: called with each connection once it ended.
+        source: what the script was recorded from (a capture's path), for views.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class ReplayServer:
         users: dict[str, str] | None = None,
         on_divergence: Callable[[ReplayConnection, Divergence], None] | None = None,
         on_closed: Callable[[ReplayConnection], None] | None = None,
+        source: str = "",
     ) -> None:
         self.script = script
         self.host = host
@@ -66,6 +73,7 @@ class ReplayServer:
         self.users = users
         self.on_divergence = on_divergence
         self.on_closed = on_closed
+        self.source = source
         #: every connection accepted so far, open or ended
         self.connections: list[ReplayConnection] = []
         self._server: asyncio.AbstractServer | None = None
@@ -77,6 +85,24 @@ class ReplayServer:
     def address(self) -> tuple[str, int]:
         """(host, port) once started."""
         return (self.host, self.port)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop it serves on (``None`` before :meth:`start`): a view refreshes there."""
+        return self._loop
+
+    @property
+    def serving(self) -> bool:
+        """Whether it listens (between :meth:`start` and :meth:`stop`)."""
+        return self._server is not None
+
+    def divergences(self) -> list[dict[str, Any]]:
+        """One row per divergence of every connection so far: conn, at (seconds since it began), kind, asked, recorded, answered."""
+        return [row for c in list(self.connections) for row in c.divergence_rows()]
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """One row per connection so far: its :meth:`~dcpinspect.live.replay.ReplayConnection.summary`."""
+        return [c.summary() for c in list(self.connections)]
 
     async def start(self) -> ReplayServer:
         """Bind and serve; ``host``/``port`` are then the bound address."""

@@ -25,6 +25,9 @@ model under a thin widget:
 * :mod:`.panels` - the explorer's question panels (a key's history, what a
   rollback cost, consumer lag), cut out of the store and the timeline,
   bounded, computed only while open.
+* :mod:`.replay_view` and :mod:`.replay_widget` - a running replay's
+  divergences and connections as DataFrames, a model refreshed by a timer on
+  the server's event loop, and its thin widget.
 * :mod:`.widgets` - :func:`~.widgets.explore` and :func:`~.widgets.stepper`,
   ipywidgets views that mirror a model and pass the user's actions to it.
 * :mod:`.plots` (on the drawing kit :mod:`.drawing`) and :mod:`.report` -

@@ -430,3 +430,22 @@ def test_sans_io_unrecorded_requests_are_answered_from_the_recorded_state() -> N
     assert {e["vbucket"]: e["high_seqno"] for e in seqnos.body["vb_seqnos"]}[0] == s.vbuckets[0].high_seqno > 0
     (log,) = _feed(conn, encode("GET_FAILOVER_LOG", vbucket=0, opaque=4), 0.0)
     assert [(e["vb_uuid"], e["vb_seqno"]) for e in log.body["failover_log"]] == s.vbuckets[0].failover_log
+
+
+def test_the_servers_divergence_and_summary_rows_after_a_real_client() -> None:
+    from dcpinspect.views.replay_view import divergences_frame, replay_summary
+
+    s = script("live-rollback-retry")
+    uuid = s.vbuckets[0].failover_log[0][0]
+    resume = ResumeState(bucket="default", vbuckets={0: VbState(uuid, 5, 5, 5, [(uuid, 0)])})
+    server, _got = run(_stock_client(s, resume=resume, name="someone-else"))  # waited on until_closed: the rows are final
+    assert not server.serving
+    (row,) = server.divergences()
+    assert set(row) == {"conn", "at", "kind", "asked", "recorded", "answered"}
+    assert row["conn"] == 1 and row["kind"] == "stream_request" and row["at"] >= 0
+    assert row["asked"].startswith("DCP_STREAM_REQ vb 0 start 5") and "Rollback to 0" in row["recorded"]
+    df = divergences_frame(server)
+    assert df.to_dict("records") == [row]
+    (summary,) = server.summaries()
+    assert summary["divergences"] == 1 and summary["items"] == 7 and summary["name"] == "someone-else"
+    assert replay_summary(server)[["conn", "divergences", "items"]].values.tolist() == [[1, 1, 7]]
