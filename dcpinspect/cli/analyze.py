@@ -134,7 +134,8 @@ def _questions_line(n: dict[str, int]) -> str:
     return (
         f"questions: {plural(n['key_versions'], 'key version')}, {plural(n['rollback_losses'], 'rollback')} "
         f"({plural(n['rollback_lost_keys'], 'document')} cut), {plural(n['progress'], 'progress row')}, "
-        f"{plural(n['lag'], 'lag series', 'lag series')}\n"
+        f"{plural(n['lag'], 'lag series', 'lag series')}, "
+        f"{plural(n.get('comparisons', 0), 'comparison row')} ({plural(n.get('comparisons_vbuckets', 0), 'compared vbucket pair')})\n"
     )
 
 

@@ -166,7 +166,8 @@ def analyze(
     exact); with ``items`` every item and flow sample is written by the tasks
     that decode them, as the frames are, and the questions' tables
     (:data:`~dcpinspect.spark.questions.QUESTION_TABLES`: key_versions,
-    rollback_losses, rollback_lost_keys, progress) are computed from them,
+    rollback_losses, rollback_lost_keys, progress, lag, comparisons,
+    comparisons_vbuckets) are computed from them,
     exact, by the single process's functions (:mod:`dcpinspect.spark.questions`).
     """
     out = str(out_dir).rstrip("/")

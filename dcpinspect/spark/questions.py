@@ -1,4 +1,4 @@
-"""``analyze --items``: the questions' tables (key_versions, rollback_losses, rollback_lost_keys, progress), exact, by the single process's pandas functions.
+"""``analyze --items``: the questions' tables (key_versions, rollback_losses, rollback_lost_keys, progress, lag, comparisons), exact, by the single process's pandas functions.
 
 Theory of operation: the answers are pure functions of the frames table and
 the timeline's tables (:mod:`dcpinspect.tables.history`,
@@ -9,7 +9,8 @@ and a scope (rules 1 and 3 of progress) never span two vbuckets.  So:
 1. The input is the ``items`` table the tasks wrote (every item, with its
    stream and snapshot: only ``--items`` has it, the merged timeline keeps a
    sample) left-joined on ``frame`` with the item frames' key columns of the
-   ``frames`` table (``name``, ``key``, ``cid``, ``cas``, ``rev_seqno``), plus
+   ``frames`` table (``name``, ``key``, ``cid``, ``cas``, ``rev_seqno``; a
+   system event's ``key`` and ``cid`` too, for rule 5, its ``name`` null), plus
    one seed row per (capture set, vbucket) that has a stream, so a vbucket
    whose streams carried no item still gets its progress rows.
 2. The small timeline tables (connections, streams, attempts, snapshots,
@@ -35,6 +36,17 @@ and a scope (rules 1 and 3 of progress) never span two vbuckets.  So:
    microseconds (Spark's), so ``lag_seconds`` is exact to the microsecond.
 4. Only with ``--items``: they need every item, and ``key_versions`` is as
    long as the items table; its replay is most of their cost (README, Spark).
+5. Question 4 per group: the consumers of the vbucket are the connections
+   with a stream of it, one per DCP_OPEN name (``conn N`` for a connection
+   whose DCP_OPEN was not captured); every pair of them, in name order
+   (``consumer_a`` < ``consumer_b``), is compared by
+   :func:`~dcpinspect.tables.compare.compare_consumers` on the group's items
+   (their keys joined as in rule 1, and each connection's last frame, read
+   once from the frames table).  ``comparisons`` is each pair's
+   ``Comparison.table``, ``comparisons_vbuckets`` its ``per_vbucket`` row,
+   with ``consumers`` (how many the vbucket had) and ``skipped`` (how many
+   were left out: only the first :data:`MAX_CONSUMERS` in name order are
+   compared, the pairs grow as their square).
 """
 
 from __future__ import annotations
@@ -46,10 +58,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["QUESTION_TABLES", "SCHEMAS", "part_high_seqnos", "split_tables", "write_questions"]
+__all__ = [
+    "MAX_CONSUMERS",
+    "QUESTION_TABLES",
+    "SCHEMAS",
+    "comparisons",
+    "consumer_labels",
+    "part_high_seqnos",
+    "split_tables",
+    "write_questions",
+]
 
 #: the tables written, in order
-QUESTION_TABLES = ("key_versions", "rollback_losses", "rollback_lost_keys", "progress", "lag")
+QUESTION_TABLES = ("key_versions", "rollback_losses", "rollback_lost_keys", "progress", "lag", "comparisons", "comparisons_vbuckets")
+#: at most this many consumers of one vbucket are compared pairwise (the first in name order; rule 5)
+MAX_CONSUMERS = 16
 
 _DEC = pa.decimal128(20, 0)
 _TS = pa.timestamp("us", tz="UTC")
@@ -144,6 +167,43 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("high_frame", _I),
             ("lag_items", _DEC),
             ("lag_seconds", pa.float64()),
+        ]
+    ),
+    "comparisons": pa.schema(
+        [
+            ("capture_set", _I),
+            ("consumer_a", _S),
+            ("consumer_b", _S),
+            ("vbucket", _I),
+            ("only_in", _S),
+            ("seqno_from", _DEC),
+            ("seqno_to", _DEC),
+            ("items", _I),
+            ("keys", pa.list_(_S)),
+            ("reason", _S),
+            ("explanation", _S),
+            ("evidence_a", pa.list_(_I)),
+            ("evidence_b", pa.list_(_I)),
+        ]
+    ),
+    "comparisons_vbuckets": pa.schema(
+        [
+            ("capture_set", _I),
+            ("consumer_a", _S),
+            ("consumer_b", _S),
+            ("vbucket", _I),
+            ("items_a", _I),
+            ("items_b", _I),
+            ("common", _I),
+            ("only_a", _I),
+            ("only_b", _I),
+            ("last_a", _DEC),
+            ("last_b", _DEC),
+            ("diverge_at", _DEC),
+            ("branches_a", _S),
+            ("branches_b", _S),
+            ("consumers", _I),
+            ("skipped", _I),
         ]
     ),
     "lag": pa.schema(
@@ -263,16 +323,16 @@ def _group(payload: bytes, out: str) -> Any:
         from ..tables.history import key_versions, rollback_losses, rollback_lost_keys
         from ..tables.progress import lag_summary, progress
 
-        by_group, times = _loaded(payload)
+        by_group, times, last_frames = _loaded(payload)
         cs, vb = int(key[0].as_py()), int(key[1].as_py())
         g = g.filter(pc.is_valid(g.column("frame")))  # the seed row goes
         tables = dict(by_group.get((cs, vb)) or {})
         items = _pandas(g, _ITEM_COLUMNS).astype({"stream": "int64", "conn": "int64", "capture_set": "int64", "frame": "int64"})
         items["snapshot"] = items["snapshot"].astype("int64")
         tables["items"] = items
-        keys = _pandas(g, ("frame", *(f"_{c}" for c in _KEY_COLUMNS)))
-        keys = keys.rename(columns={f"_{c}": c for c in _KEY_COLUMNS})
-        keys = keys[keys["name"].notna()].astype({"frame": "int64"})
+        every = _pandas(g, ("frame", *(f"_{c}" for c in _KEY_COLUMNS)))
+        every = every.rename(columns={f"_{c}": c for c in _KEY_COLUMNS}).astype({"frame": "int64"})
+        keys = every[every["name"].notna()]  # the items of ITEM_KINDS (history's)
         mine = times[times["capture_set"] == cs] if len(times) else times
         when = pd.concat([items[["frame", "capture_set", "ts"]], mine[["frame", "capture_set", "ts"]]], ignore_index=True)
         when = when.drop_duplicates("frame").sort_values("frame", ignore_index=True)
@@ -286,6 +346,7 @@ def _group(payload: bytes, out: str) -> Any:
                 "progress": lag,
                 "lag": lag_summary(lag, top=None),  # a series lies in one group: the union is every series' summary
             }
+            results["comparisons"], results["comparisons_vbuckets"] = comparisons(cs, vb, items, every, tables, last_frames)
         counts = []
         for name, df in results.items():
             n = 0 if df is None else len(df)
@@ -295,6 +356,58 @@ def _group(payload: bytes, out: str) -> Any:
         return pa.Table.from_pylist([dict(zip(_COUNTS.names, r, strict=True)) for r in counts], schema=_COUNTS)
 
     return run
+
+
+def consumer_labels(tables: Mapping[str, Any], conns: Any) -> dict[str, list[int]]:
+    """Rule 5: each consumer of the connections ``conns`` (its DCP_OPEN name, or ``conn N`` without a captured DCP_OPEN) -> its connections."""
+    from ..tables.compare import consumer_names
+
+    named = dict(consumer_names(tables))
+    out: dict[str, list[int]] = {}
+    for c in sorted({int(c) for c in conns}):
+        out.setdefault(named.get(c, f"conn {c}"), []).append(c)
+    return out
+
+
+def _pick(frames: Any, tables: Mapping[str, Any], conns: list[int]) -> Any:
+    """The rows of the connections ``conns`` (as :func:`~dcpinspect.tables.compare.select_consumer` picks a consumer)."""
+    picked = {name: df[df["conn"].isin(conns)] if "conn" in df.columns else df for name, df in tables.items()}
+    return frames[frames["conn_id"].isin(conns)], picked
+
+
+def comparisons(cs: int, vb: int, items: Any, keys: Any, tables: Mapping[str, Any], last_frames: Mapping[int, int]) -> tuple[Any, Any]:
+    """Rule 5: every pair of the vbucket's consumers compared by :func:`~dcpinspect.tables.compare.compare_consumers` -> (comparisons, comparisons_vbuckets).
+
+    ``items``/``keys``: the group's items and their frames' ``key`` and ``cid`` (system events' too);
+    ``last_frames``: each connection's last frame (what rule 2 "ended" of
+    :mod:`~dcpinspect.tables.compare` names when a stream has no end).
+    """
+    import pandas as pd
+
+    from ..tables.compare import compare_consumers
+
+    consumers = consumer_labels(tables, tables["streams"]["conn"])
+    names = sorted(consumers)
+    kept, skipped = names[:MAX_CONSUMERS], max(0, len(names) - MAX_CONSUMERS)
+    frames = items[["frame", "conn"]].rename(columns={"conn": "conn_id"}).merge(keys[["frame", "key", "cid"]], on="frame", how="left")
+    conns = [c for n in kept for c in consumers[n]]
+    ends = pd.DataFrame(
+        {"frame": [int(last_frames[c]) for c in conns if c in last_frames], "conn_id": [c for c in conns if c in last_frames]}
+    )
+    if len(ends):
+        frames = pd.concat([frames, ends], ignore_index=True).drop_duplicates("frame", ignore_index=True)
+    frames = frames.astype({"frame": "int64", "conn_id": "int64"})
+    picked = {n: _pick(frames, tables, consumers[n]) for n in kept}
+    rows, counts = [], []
+    for i, a in enumerate(kept):
+        for b in kept[i + 1 :]:
+            c = compare_consumers(picked[a], picked[b], vbucket=vb)
+            pair = {"capture_set": cs, "consumer_a": a, "consumer_b": b}
+            if len(c.table):
+                rows.append(c.table.assign(**pair))
+            if len(c.per_vbucket):
+                counts.append(c.per_vbucket.assign(**pair, consumers=len(names), skipped=skipped))
+    return (pd.concat(rows, ignore_index=True) if rows else None), (pd.concat(counts, ignore_index=True) if counts else None)
 
 
 def _write(table: pa.Table, path: str) -> None:
@@ -318,6 +431,7 @@ def write_questions(spark: Any, out: str, t: Any, tables: Mapping[str, Any], hig
     """
     from pyspark.sql import functions as F
 
+    from ..protocol.enums import Opcode
     from ..tables.history import ITEM_KINDS
     from ..tables.progress import timeline_high_seqnos
 
@@ -330,14 +444,18 @@ def write_questions(spark: Any, out: str, t: Any, tables: Mapping[str, Any], hig
         high = timeline_high_seqnos(highs, _pandas(small, ("frame", "capture_set", "conn_id", "ts")))
     by_group = split_tables(tables, high)
     times = _pandas(small, ("frame", "capture_set", "ts")).astype({"frame": "int64", "capture_set": "int64"})
-    key_cols = frames.where(F.col("name").isin(list(ITEM_KINDS))).select("frame", *(F.col(c).alias(f"_{c}") for c in _KEY_COLUMNS))
+    keyed = F.col("name").isin(list(ITEM_KINDS))
+    key_cols = frames.where(keyed | (F.col("name") == Opcode.DCP_SYSTEM_EVENT.name)).select(
+        "frame", F.when(keyed, F.col("name")).alias("_name"), *(F.col(c).alias(f"_{c}") for c in _KEY_COLUMNS if c != "name")
+    )
     rows = items.select(*_ITEM_COLUMNS).join(key_cols, "frame", "left")
     seeds = spark.createDataFrame([(cs, vb) for cs, vb in by_group], "capture_set int, vbucket int")
     for c, typ in ((c, rows.schema[c].dataType) for c in rows.columns if c not in ("capture_set", "vbucket")):
         seeds = seeds.withColumn(c, F.lit(None).cast(typ))
     rows = rows.withColumn("capture_set", F.col("capture_set").cast("int")).withColumn("vbucket", F.col("vbucket").cast("int"))
     rows = rows.unionByName(seeds.select(*rows.columns))
-    payload = pickle.dumps((by_group, times), protocol=pickle.HIGHEST_PROTOCOL)
+    last_frames = {int(r[0]): int(r[1]) for r in frames.groupBy("conn_id").agg(F.max("frame")).collect() if r[0] is not None}
+    payload = pickle.dumps((by_group, times, last_frames), protocol=pickle.HIGHEST_PROTOCOL)
     from pyspark.sql.pandas.types import from_arrow_schema
 
     done = rows.groupBy("capture_set", "vbucket").applyInArrow(_group(payload, out), from_arrow_schema(_COUNTS)).collect()

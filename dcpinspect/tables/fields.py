@@ -248,6 +248,19 @@ COMPARE_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("branches_b", "string", "the failover branches b's logs showed"),
     ),
 }
+_PAIR = (
+    ("capture_set", "int", "the capture set of the two consumers (1-based)"),
+    ("consumer_a", "string", "consumer a: a DCP_OPEN name (conn N when not captured), the first of the pair in name order"),
+    ("consumer_b", "string", "consumer b: the second"),
+)
+#: ``analyze --items``: every pair of consumers of each vbucket compared (:mod:`dcpinspect.spark.questions`)
+COMPARE_COLUMNS["comparisons"] = (*_PAIR, *COMPARE_COLUMNS["comparison"])
+COMPARE_COLUMNS["comparisons_vbuckets"] = (
+    *_PAIR,
+    *COMPARE_COLUMNS["comparison_vbuckets"],
+    ("consumers", "int", "consumers that streamed the vbucket"),
+    ("skipped", "int", "of them, left out of the pairs (only the first 16 in name order are compared)"),
+)
 
 _ROLLBACK = (
     ("capture_set", "int", "the capture set of the rollback's connection (1-based)"),
