@@ -186,6 +186,7 @@ class ExplorerView(_Static, w.VBox):
         )
         self.annotation = w.HTML(_NO_SELECTION, layout=w.Layout(height=PANE_HEIGHT, overflow="auto", flex="1 1 600px", min_width="300px"))
         self.annotation.add_class("dcpinspect-annotation-pane")
+        self.frames.add_class("dcpinspect-frame-list")
         self.jump = w.Dropdown(description="jump to", options=[_ANY], layout=w.Layout(width="45%"))
         self.show = w.Dropdown(description="plot", options=[_EVERY], layout=w.Layout(width="45%"))
         self.show.style.description_width = "55px"
@@ -251,6 +252,7 @@ class ExplorerView(_Static, w.VBox):
             w.VBox([w.HBox([self.compare_a, self.compare_b]), self.compare_story, self.compare_list, self.compare_img]),
         ]
         self.panel_box = w.Accordion(children=boxes, titles=_PANEL_TITLES, selected_index=None, layout=w.Layout(width="100%"))
+        self.panel_box.add_class("dcpinspect-panels")
         self.panel_box.observe(self._on_panel, names="selected_index")
         self.key_text.observe(lambda _c: self._on_key(), names="value")
         self.collection_text.observe(lambda _c: self._on_key(), names="value")

@@ -437,7 +437,7 @@ def test_readme_secret_flags_exist_on_every_tool_that_writes_a_pcap(capsys: pyte
 
 def test_every_flag_the_readme_live_section_names_is_a_live_tools_flag(capsys: pytest.CaptureFixture[str]) -> None:
     helps = ""
-    for tool in ("sim", "client", "proxy", "sniff"):
+    for tool in ("sim", "client", "proxy", "sniff", "replay"):
         assert cli_main([tool, "--help"]) == 0
         helps += capsys.readouterr().out
     flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", _readme_live_section()))

@@ -244,7 +244,10 @@ def test_cli(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 0
     out = capsys.readouterr().out
     if fmt == "json":
-        header, stream, tree = (json.loads(line) for line in out.splitlines())
+        lines = [json.loads(line) for line in out.splitlines()]
+        (loss,) = [x["rollback_loss"] for x in lines if "rollback_loss" in x]
+        assert (loss["rollback_seqno"], loss["items"]) == (0, 0)  # a rollback to 0 before anything was received cost nothing
+        header, stream, tree = [x for x in lines if "rollback_loss" not in x]
         assert header["connection"]["conn"] == 1 and header["connection"]["file"] == str(SEED000)
         assert header["connection"]["capture_set"] == 1
         assert [a["outcome"] for a in stream["attempts"]] == ["rollback", "success"]
